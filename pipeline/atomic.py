@@ -1,0 +1,62 @@
+"""Outputs appear whole or not at all.
+
+Every command writes its outputs under a temporary sibling name and renames
+them into place when complete, so a run killed half way leaves nothing that a
+later run (or a reader) could take for a finished output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def _temp_sibling(path: Path, tag: str) -> Path:
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def replace_path(src: Path, dst: Path) -> None:
+    """Move ``src`` onto ``dst``; an existing ``dst`` (file or folder) is swapped out first."""
+    if dst.exists() or dst.is_symlink():
+        old = _temp_sibling(dst, "old")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    else:
+        os.replace(src, dst)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Yield a fresh temporary folder that becomes ``path`` when the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(path, "tmp")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_path(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Yield a temporary file path that becomes ``path`` when the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(path, "tmp")
+    try:
+        yield tmp
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    os.replace(tmp, path)

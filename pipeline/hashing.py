@@ -1,0 +1,145 @@
+"""Content hashes of files and folders, reused while a file is unchanged.
+
+A stage is up to date when the *content* of its deps matches its last run, so
+every check hashes its deps and outs. Hashing a 20k-image folder from scratch
+takes seconds; re-stating it takes milliseconds. :class:`HashCache` therefore
+keeps each file's md5 in a small sqlite table keyed by absolute path and reuses
+it while the file's (inode, mtime_ns, size) are unchanged, as dvc-data's state
+does. A folder's digest is the md5 of its sorted (relative path, file md5)
+list, so renaming, adding or editing any file inside changes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Digest:
+    """What the lock records of a dep or an out."""
+
+    md5: str
+    size: int
+    nfiles: int
+
+    def to_dict(self) -> dict:
+        return {"md5": self.md5, "size": self.size, "nfiles": self.nfiles}
+
+
+def md5_of_file(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _walk_files(root: str):
+    """Yield (relative path, os.stat_result) of every file below ``root``, sorted."""
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(os.path.join(root, rel_dir)) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subdirs = []
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if entry.is_dir(follow_symlinks=True):
+                subdirs.append(rel)
+            elif entry.is_file(follow_symlinks=True):
+                yield rel, entry.stat(follow_symlinks=True)
+        stack.extend(reversed(subdirs))
+
+
+class HashCache:
+    """md5 digests of files and folders, remembered in ``db_path`` between runs.
+
+    Use as a context manager: new or changed entries are written on exit, in one
+    transaction. Several processes may share the same database.
+    """
+
+    def __init__(self, db_path: str | os.PathLike | None):
+        self._db_path = Path(db_path) if db_path else None
+        self._known: dict[str, tuple[int, int, int, str]] = {}
+        self._fresh: dict[str, tuple[int, int, int, str]] = {}
+        if self._db_path and self._db_path.exists():
+            self._load()
+
+    # -- persistence ---------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self._db_path, timeout=60)
+        con.execute(
+            "CREATE TABLE IF NOT EXISTS files ("
+            " path TEXT PRIMARY KEY, inode INTEGER, mtime_ns INTEGER, size INTEGER, md5 TEXT)"
+        )
+        return con
+
+    def _load(self) -> None:
+        try:
+            con = self._connect()
+            try:
+                rows = con.execute("SELECT path, inode, mtime_ns, size, md5 FROM files").fetchall()
+            finally:
+                con.close()
+        except sqlite3.DatabaseError:
+            return  # a damaged cache only costs a rehash
+        self._known = {p: (i, m, s, h) for p, i, m, s, h in rows}
+
+    def save(self) -> None:
+        if not self._db_path or not self._fresh:
+            return
+        self._db_path.parent.mkdir(parents=True, exist_ok=True)
+        con = self._connect()
+        try:
+            with con:
+                con.executemany(
+                    "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+                    [(p, *v) for p, v in self._fresh.items()],
+                )
+        finally:
+            con.close()
+        self._known.update(self._fresh)
+        self._fresh.clear()
+
+    def __enter__(self) -> "HashCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.save()
+
+    # -- hashing -------------------------------------------------------------
+    def _file_md5(self, abspath: str, st: os.stat_result) -> str:
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._fresh.get(abspath) or self._known.get(abspath)
+        if known and known[:3] == key:
+            return known[3]
+        md5 = md5_of_file(abspath)
+        self._fresh[abspath] = (*key, md5)
+        return md5
+
+    def file_md5(self, path: str | os.PathLike) -> str:
+        abspath = os.path.abspath(path)
+        return self._file_md5(abspath, os.stat(abspath))
+
+    def digest(self, path: str | os.PathLike) -> Digest | None:
+        """Digest of a file or a folder; ``None`` when ``path`` does not exist."""
+        abspath = os.path.abspath(path)
+        if os.path.isfile(abspath):
+            st = os.stat(abspath)
+            return Digest(self._file_md5(abspath, st), st.st_size, 1)
+        if not os.path.isdir(abspath):
+            return None
+        listing = hashlib.md5()
+        size = nfiles = 0
+        for rel, st in _walk_files(abspath):
+            md5 = self._file_md5(os.path.join(abspath, rel), st)
+            listing.update(f"{rel}\0{md5}\n".encode())
+            size += st.st_size
+            nfiles += 1
+        return Digest(listing.hexdigest(), size, nfiles)

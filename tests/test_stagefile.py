@@ -1,0 +1,112 @@
+"""Malformed stages files and bad --set values: one clear message, non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+GOOD = """
+params:
+  data: data/shapes
+stages:
+  shapes:
+    cmd: capstack shapes ${data} --train ${train} --val 1 --test 1 --size 32
+    params: {train: 4}
+    outs:
+      - ${data}
+  prepare:
+    cmd: capstack prepare ${data}/dataset_shapes.json data/prepared --min-count ${min_count}
+    params: {min_count: 2}
+    deps:
+      - ${data}/dataset_shapes.json
+    outs: [data/prepared]
+"""
+
+BAD_FILES = {
+    "unknown stage key": (
+        GOOD.replace("    params: {min_count: 2}", "    params: {min_count: 2}\n    outz: [x]"),
+        ["stages.prepare.outz: unknown key", "allowed: cmd, deps, desc, outs, params"],
+    ),
+    "unknown top-level key": (GOOD + "settings: {}\n", ["settings: unknown key"]),
+    "dep cycle": (
+        GOOD.replace("    outs:\n      - ${data}", "    deps: [data/prepared]\n    outs:\n      - ${data}"),
+        ["stages: dependency cycle: shapes -> prepare -> shapes"],
+    ),
+    "unknown command": (
+        GOOD.replace("capstack prepare", "capstack prepair"),
+        ["stages.prepare.cmd: unknown command 'capstack prepair'", "prepare", "shapes"],
+    ),
+    "not a capstack command": (
+        GOOD.replace("capstack prepare", "python prepare.py"),
+        ["stages.prepare.cmd: must start with 'capstack <command>'"],
+    ),
+    "missing param": (
+        GOOD.replace("--min-count ${min_count}", "--min-count ${min_count} --max-len ${max_len}"),
+        ["stages.prepare.cmd: unknown param ${max_len}", "params: data, min_count"],
+    ),
+    "unused param": (
+        GOOD.replace("{min_count: 2}", "{min_count: 2, max_len: 9}"),
+        ["stages.prepare.params.max_len: declared but not used"],
+    ),
+    "missing cmd": (GOOD.replace("    cmd: capstack prepare", "    command: capstack prepare"),
+                    ["stages.prepare.command: unknown key"]),
+    "param of the wrong type": (GOOD.replace("{train: 4}", "{train: [4]}"),
+                                ["stages.shapes.params.train: expected a string, number or boolean"]),
+    "overlapping outs": (GOOD.replace("outs: [data/prepared]", "outs: [data/shapes/prepared]"),
+                         ["stages.prepare.outs: 'data/shapes/prepared' overlaps 'data/shapes'"]),
+    "not yaml": ("stages: [unclosed\n", ["not valid YAML at line"]),
+    "no stages": ("params: {}\n", ["stages: expected a mapping of stage names"]),
+}
+
+
+def _assert_clean_failure(capstack, result, fragments):
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+    assert sorted(p.name for p in capstack.workdir.iterdir()) == ["stages.yaml"]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+@pytest.mark.parametrize("verb", [("stages",), ("run", "prepare"), ("demo",)])
+def test_malformed_stages_file_is_refused_with_file_and_field(capstack, case, verb):
+    text, fragments = BAD_FILES[case]
+    stages = capstack.workdir / "stages.yaml"
+    stages.write_text(text)
+    result = capstack.stage_cmd(*verb, expect_ok=False)
+    _assert_clean_failure(capstack, result, [str(stages), *fragments])
+
+
+def test_missing_stages_file(capstack):
+    (capstack.workdir / "stages.yaml").write_text(GOOD)
+    result = capstack.stage_cmd("stages", stages="other.yaml", expect_ok=False)
+    assert result.exit_code != 0 and "other.yaml: stages file not found" in result.output
+
+
+@pytest.mark.parametrize("assignment, fragment", [
+    ("min_count=big", '--set min_count=big: expected int, got "big"'),
+    ("min_count=2.5", '--set min_count=2.5: expected int, got "2.5"'),
+    ("max_len=3", "stage 'prepare'"),
+    ("min_count", "--set min_count: expected NAME=VALUE"),
+])
+def test_bad_set_is_refused(capstack, assignment, fragment):
+    (capstack.workdir / "stages.yaml").write_text(GOOD)
+    result = capstack.stage_cmd("run", "prepare", "--set", assignment, expect_ok=False)
+    _assert_clean_failure(capstack, result, [fragment])
+    if assignment.startswith("max_len"):
+        assert "has no param 'max_len' (params: data, min_count)" in result.output
+
+
+def test_unknown_stage_lists_the_stages(capstack):
+    (capstack.workdir / "stages.yaml").write_text(GOOD)
+    result = capstack.stage_cmd("run", "train", expect_ok=False)
+    _assert_clean_failure(capstack, result, ["no stage named 'train' (stages: shapes, prepare)"])
+
+
+def test_shipped_stages_files_are_valid(capstack):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for path in [root / "stages.yaml", *sorted((root / "configs").glob("*.yaml"))]:
+        result = capstack("stages", "-c", path, "--workdir", capstack.workdir)
+        assert result.exit_code == 0, (path, result.output)
+        assert "never run" in result.output

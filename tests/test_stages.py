@@ -1,0 +1,244 @@
+"""The stage engine on a real project in a tmp dir: decisions, reasons, runs, locks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import pipeline.stages
+from pipeline.codeversion import code_files
+
+STAGES = """
+params:
+  data: data/shapes
+stages:
+  shapes:
+    cmd: capstack shapes ${data} --train ${train} --val 2 --test 2 --seed ${seed} --size 32
+    params: {train: 6, seed: 0}
+    outs:
+      - ${data}
+  prepare:
+    cmd: capstack prepare ${data}/dataset_shapes.json data/prepared --min-count ${min_count}
+    params: {min_count: 2}
+    deps:
+      - ${data}/dataset_shapes.json
+    outs: [data/prepared]
+"""
+
+
+@pytest.fixture
+def project(capstack):
+    (capstack.workdir / "stages.yaml").write_text(STAGES)
+    return capstack
+
+
+def states(capstack) -> dict[str, str]:
+    return {name: s["state"] for name, s in capstack.statuses().items()}
+
+
+def reasons(capstack, stage: str) -> list[str]:
+    return capstack.statuses()[stage]["reasons"]
+
+
+def lock_entry(capstack, stage: str):
+    lock = capstack.workdir / "stages.lock"
+    return yaml.safe_load(lock.read_text())["stages"].get(stage) if lock.exists() else None
+
+
+def test_fresh_project_never_run_then_demo_runs_everything_once(project):
+    assert states(project) == {"shapes": "never run", "prepare": "never run"}
+    out = project.stage_cmd("demo").output
+    assert "Running stage 'shapes'" in out and "Running stage 'prepare'" in out
+    assert (project.workdir / "data/prepared/vocab.json").exists()
+    assert states(project) == {"shapes": "up to date", "prepare": "up to date"}
+    again = project.stage_cmd("demo").output
+    assert "Stage 'shapes' is up to date, skipping." in again
+    assert "0 stage(s) ran" in again
+
+
+def test_param_change_makes_stage_stale_with_reason(project):
+    project.stage_cmd("demo")
+    stages = project.workdir / "stages.yaml"
+    stages.write_text(STAGES.replace("{min_count: 2}", "{min_count: 3}"))
+    assert states(project) == {"shapes": "up to date", "prepare": "stale"}
+    assert reasons(project, "prepare") == ["param min_count 2 -> 3"]
+    out = project.stage_cmd("run", "prepare").output
+    assert "Running stage 'prepare' (stale: param min_count 2 -> 3)" in out
+    assert lock_entry(project, "prepare")["params"] == {"data": "data/shapes", "min_count": 3}
+    assert states(project)["prepare"] == "up to date"
+
+
+def test_dep_content_change_is_detected(project):
+    project.stage_cmd("demo")
+    dataset = project.workdir / "data/shapes/dataset_shapes.json"
+    dataset.write_text(dataset.read_text().replace('"raw": "', '"raw": "Look: ', 1))
+    assert "dep data/shapes/dataset_shapes.json changed" in reasons(project, "prepare")
+    # the upstream stage's out was modified too, so it is stale as well
+    assert reasons(project, "shapes") == ["out data/shapes modified"]
+
+
+def test_touching_a_dep_without_changing_content_keeps_stage_up_to_date(project):
+    project.stage_cmd("demo")
+    dataset = project.workdir / "data/shapes/dataset_shapes.json"
+    os.utime(dataset, (time.time() + 10, time.time() + 10))
+    assert states(project) == {"shapes": "up to date", "prepare": "up to date"}
+
+
+def test_cmd_change_is_detected(project):
+    project.stage_cmd("demo")
+    (project.workdir / "stages.yaml").write_text(
+        STAGES.replace("--min-count ${min_count}", "--min-count ${min_count} --max-len 8"))
+    assert reasons(project, "prepare") == ["cmd changed"]
+
+
+def test_code_change_is_detected(project, monkeypatch, tmp_path):
+    fake_module = tmp_path / "fake_prepare.py"
+    fake_module.write_text("VERSION = 1\n")
+    real = pipeline.stages.code_files
+    monkeypatch.setattr(pipeline.stages, "code_files",
+                        lambda m: real(m) + ((fake_module,) if m == "pipeline.prepare" else ()))
+    project.stage_cmd("demo")
+    assert states(project)["prepare"] == "up to date"
+    fake_module.write_text("VERSION = 2\n")
+    (why,) = reasons(project, "prepare")
+    assert why.startswith("code changed: ") and "fake_prepare.py" in why
+    assert states(project)["shapes"] == "up to date"
+
+
+def test_code_files_follow_imports_and_nothing_else(tmp_path):
+    pkg = tmp_path / "pipeline"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pipeline import b\nfrom .sub import c\nimport numpy\n")
+    (pkg / "b.py").write_text("from pipeline.errors import X\n")
+    (pkg / "errors.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("from ..b import thing\n")
+    (pkg / "unrelated.py").write_text("")
+    files = {str(p.relative_to(tmp_path)) for p in code_files("pipeline.a", tmp_path)}
+    assert files == {"pipeline/__init__.py", "pipeline/a.py", "pipeline/b.py",
+                     "pipeline/errors.py", "pipeline/sub/__init__.py", "pipeline/sub/c.py"}
+
+
+def test_real_prepare_code_version_covers_its_modules():
+    names = {p.name for p in code_files("pipeline.prepare")}
+    assert {"prepare.py", "karpathy.py", "vocab.py", "errors.py"} <= names
+    assert "stages.py" not in names
+
+
+def test_force_reruns_an_up_to_date_stage(project):
+    project.stage_cmd("demo")
+    first = lock_entry(project, "prepare")["finished"]
+    time.sleep(1.1)
+    out = project.stage_cmd("run", "prepare", "--force").output
+    assert "Running stage 'prepare' (forced)" in out
+    assert lock_entry(project, "prepare")["finished"] != first
+
+
+def test_run_refuses_when_upstream_is_stale_unless_with_deps(project):
+    project.stage_cmd("demo")
+    (project.workdir / "stages.yaml").write_text(STAGES.replace("seed: 0", "seed: 1"))
+    result = project.stage_cmd("run", "prepare", expect_ok=False)
+    assert result.exit_code != 0
+    assert "needs stage 'shapes', which is stale: param seed 0 -> 1" in result.output
+    assert "--with-deps" in result.output
+    out = project.stage_cmd("run", "prepare", "--with-deps").output
+    assert out.index("Running stage 'shapes'") < out.index("Running stage 'prepare'")
+    assert states(project) == {"shapes": "up to date", "prepare": "up to date"}
+
+
+def test_run_refuses_when_upstream_never_ran(project):
+    result = project.stage_cmd("run", "prepare", expect_ok=False)
+    assert "needs stage 'shapes', which is never run" in result.output
+    assert not (project.workdir / "data").exists()
+
+
+def test_set_overrides_a_param_for_one_run(project):
+    project.stage_cmd("demo")
+    project.stage_cmd("run", "prepare", "--set", "min_count=1")
+    assert lock_entry(project, "prepare")["params"]["min_count"] == 1
+    assert reasons(project, "prepare") == ["param min_count 1 -> 2"]
+
+
+def test_outs_deleted_makes_stage_stale(project):
+    project.stage_cmd("demo")
+    import shutil
+    shutil.rmtree(project.workdir / "data/prepared")
+    assert reasons(project, "prepare") == ["out data/prepared missing"]
+
+
+def test_failed_command_records_nothing(project):
+    (project.workdir / "stages.yaml").write_text(
+        STAGES.replace("${data}/dataset_shapes.json data/prepared", "missing.json data/prepared")
+        .replace("deps:\n      - ${data}/dataset_shapes.json", "deps: []"))
+    project.stage_cmd("run", "shapes")
+    result = project.stage_cmd("run", "prepare", expect_ok=False)
+    assert result.exit_code != 0 and "stage 'prepare' failed" in result.output
+    assert lock_entry(project, "prepare") is None
+    assert not (project.workdir / "data/prepared").exists()
+
+
+# -- killed half way, two at once -----------------------------------------------------------
+SLOW = STAGES.replace("{train: 6, seed: 0}", "{train: 4000, seed: 0}").replace("--size 32", "--size 96")
+
+
+def _start_run(workdir: Path, stage: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "run", stage, "--workdir", str(workdir)],
+        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _partial_outputs(workdir: Path) -> list[Path]:
+    data = workdir / "data"
+    return [p for p in data.iterdir() if ".tmp-" in p.name] if data.exists() else []
+
+
+def test_stage_killed_half_way_leaves_nothing_complete_then_reruns(capstack):
+    (capstack.workdir / "stages.yaml").write_text(SLOW)
+    proc = _start_run(capstack.workdir, "shapes")
+    _wait_for(lambda: any(any(p.iterdir()) for p in _partial_outputs(capstack.workdir)
+                          if p.is_dir() and (p / "images").exists()))
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (capstack.workdir / "data/shapes").exists()
+    assert lock_entry(capstack, "shapes") is None
+    assert states(capstack)["shapes"] == "never run"
+    (capstack.workdir / "stages.yaml").write_text(STAGES)  # rerun small, to keep the test short
+    capstack.stage_cmd("run", "shapes")
+    assert states(capstack)["shapes"] == "up to date"
+
+
+def test_second_run_of_a_running_stage_refuses_naming_the_holder(capstack):
+    (capstack.workdir / "stages.yaml").write_text(SLOW)
+    proc = _start_run(capstack.workdir, "shapes")
+    holder = capstack.workdir / ".capstack/running/stages.shapes.pid"
+    try:
+        _wait_for(lambda: holder.exists() and holder.read_text().strip())
+        started = time.time()
+        result = capstack.stage_cmd("run", "shapes", expect_ok=False)
+        assert time.time() - started < 5
+        assert result.exit_code != 0
+        assert "stage 'shapes'" in result.output and "is already running" in result.output
+        assert f"pid {proc.pid}" in result.output
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # the lock dies with its holder
+    (capstack.workdir / "stages.yaml").write_text(STAGES)
+    capstack.stage_cmd("run", "shapes")

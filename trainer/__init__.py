@@ -1,0 +1,1 @@
+"""capstack's trainer: decoders trained on cached features only."""
