@@ -48,6 +48,7 @@ class Stage:
     name: str
     desc: str
     cmd: str
+    cmd_template: str  # as written, before ${param} substitution
     argv: tuple[str, ...]  # cmd split, without the leading "capstack"
     command: str  # the capstack sub-command it runs
     deps: tuple[str, ...]
@@ -255,7 +256,7 @@ def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mappi
             f"(stage commands: {', '.join(sorted(commands))})"
         )
     params = dict(sorted(used.items()))
-    return Stage(t.name, t.desc, cmd, tuple(words[1:]), words[1], deps, outs, params)
+    return Stage(t.name, t.desc, cmd, t.cmd, tuple(words[1:]), words[1], deps, outs, params)
 
 
 # -- the graph ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A stage is up to date when the record of its last successful run (its entry
 in the lock file ``<workdir>/<stages file stem>.lock``) matches, checked in this
-order as dvc does: the command line, the params (by value), the version of the
+order as dvc does: the command line as written, the params (by value), the version of the
 code the command runs, the content of every dep, and the outs still being what
 the run wrote. Each mismatch becomes a reason such as
 ``param min_count 5 -> 3`` or ``dep data/shapes changed``.
@@ -126,7 +126,7 @@ class Pipeline:
         if not record:
             return StageStatus(stage.name, NEVER_RUN)
         reasons = []
-        if record.get("cmd") != stage.cmd:
+        if record.get("cmd") != stage.cmd_template:  # a param's new value is no cmd change
             reasons.append("cmd changed")
         reasons += _param_changes(record.get("params") or {}, stage.params)
         reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
@@ -242,7 +242,8 @@ class Pipeline:
                                 f"write its out {absent[0]}")
         self._hashes.save()
         self._write_lock_entry(stage.name, {
-            "cmd": stage.cmd,
+            "cmd": stage.cmd_template,
+            "ran": stage.cmd,
             "params": stage.params,
             "code": code,
             "deps": deps,
