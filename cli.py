@@ -84,6 +84,147 @@ def prepare(dataset_json, out_dir, min_count, max_len):
         click.echo(f"  {split:5s} {n:7d} images {s['captions'][split]:8d} captions")
 
 
+# -- features --------------------------------------------------------------------------
+def _store_options(func):
+    for option in reversed([
+        click.option("--out", type=click.Path(path_type=Path), default=None,
+                     help="Store path (.lmdb or .h5). Default: named by fingerprint under the "
+                          "shared root, and reused when it exists."),
+        click.option("--features-root", type=click.Path(file_okay=False, path_type=Path),
+                     default=None, help="Shared root [$CAPSTACK_FEATURES or "
+                                        "~/.cache/capstack/features]."),
+        click.option("--format", "fmt", type=click.Choice(["lmdb", "hdf5"]), default=None,
+                     help="Store backend when the path's suffix does not say [lmdb]."),
+        click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Also write a small json naming the store (a stage's out)."),
+        click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
+                     show_default=True),
+        click.option("--batch", "batch_size", default=16, show_default=True),
+        click.option("--workers", default=2, show_default=True, help="Image decoding processes."),
+        click.option("--device", default=None, help="cuda, cpu, cuda:1 ... [cuda if available]"),
+    ]):
+        func = option(func)
+    return func
+
+
+def _report_job(result) -> None:
+    if result.reused:
+        click.echo(f"reusing store {result.store} (fingerprint {result.fingerprint}): "
+                   f"nothing to extract")
+    else:
+        click.echo(f"extracted {result.extracted} images ({result.images_per_s:.1f} images/s), "
+                   f"skipped {result.skipped} -> {result.store}")
+
+
+@stage_command("extract-grid", code="pipeline.extract.grid")
+@click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--backbone", default="resnet101", show_default=True,
+              help="resnet18/34/50/101/152 (torchvision), or resnet10 (small, for demos).")
+@click.option("--weights", default=None,
+              help="torchvision state_dict file, or 'random' [torchvision's cache location].")
+@click.option("--image-size", default=448, show_default=True)
+@click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.")
+@_store_options
+def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, grid, out,
+                     features_root, fmt, pointer, dtype, batch_size, workers, device):
+    """ResNet grid features (last conv block pooled to GRID x GRID) into a feature store."""
+    from pipeline.extract.grid import GridSettings, extract_grid
+
+    settings = GridSettings(backbone, weights, image_size, grid, dtype)
+    _report_job(extract_grid(dataset_json, image_root, settings, out=out, root=features_root,
+                             format=fmt, pointer=pointer, batch_size=batch_size,
+                             workers=workers, device=device))
+
+
+@stage_command("train-backbone", code="pipeline.backbone_training")
+@click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--backbone", default="resnet10", show_default=True)
+@click.option("--image-size", default=128, show_default=True)
+@click.option("--epochs", default=3, show_default=True)
+@click.option("--batch", "batch_size", default=32, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+def train_backbone_cmd(dataset_json, image_root, out, backbone, image_size, epochs, batch_size,
+                       lr, seed):
+    """Train a small ResNet on the objects in the dataset's boxes (the demo's 'ImageNet')."""
+    from pipeline.backbone_training import BackboneTraining, train_backbone
+
+    cfg = BackboneTraining(backbone, image_size, epochs, batch_size, lr, seed)
+    r = train_backbone(dataset_json, image_root, out, cfg)
+    val = (f", val label accuracy {r['label_accuracy']:.3f}, exact match {r['exact_match']:.3f}"
+           if "label_accuracy" in r else "")
+    click.echo(f"train-backbone: {r['labels']} labels, final train loss {r['train_loss']:.4f}"
+               f"{val} -> {out}")
+
+
+@main.command("inspect")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["lmdb", "hdf5"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect_cmd(store, fmt, as_json):
+    """A store's metadata and one record's shapes (STORE may be a pointer .json)."""
+    from pipeline.extract.job import read_pointer
+    from pipeline.stores import open_store
+
+    reader = open_store(read_pointer(store), fmt)
+    sample = reader.get(int(reader.ids()[0])) if len(reader) else None
+    shapes = {} if sample is None else {
+        name: list(getattr(sample, name).shape) for name in
+        ("features", "boxes", "scores", "classes") if getattr(sample, name) is not None}
+    if as_json:
+        click.echo(json.dumps({"path": str(reader.path), "meta": reader.meta,
+                               "sample_record": shapes}, indent=2))
+        return
+    click.echo(f"{reader.path}")
+    for key, value in reader.meta.items():
+        if key in ("skipped", "settings"):
+            continue
+        click.echo(f"  {key:18s} {value}")
+    skipped = reader.meta.get("skipped", {})
+    click.echo(f"  {'skipped':18s} {len(skipped)}")
+    for image_id, reason in list(skipped.items())[:20]:
+        click.echo(f"    image {image_id}: {reason}")
+    if sample is not None:
+        click.echo(f"  record {int(reader.ids()[0])}: " + ", ".join(
+            f"{k} {v}" for k, v in shapes.items()) + f", image {sample.height}x{sample.width}")
+
+
+@main.command("verify")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--dataset", "dataset_json", required=True,
+              type=click.Path(dir_okay=False, path_type=Path))
+def verify_cmd(store, dataset_json):
+    """Check that STORE holds a record for every image of the dataset."""
+    from pipeline.extract.job import read_pointer
+    from pipeline.store_check import verify_store
+
+    result = verify_store(read_pointer(store), dataset_json)
+    click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
+               f"({result['skipped']} skipped at extraction are reported by training)")
+
+
+@main.command("stores")
+@click.option("--features-root", type=click.Path(file_okay=False, path_type=Path), default=None)
+def stores_cmd(features_root):
+    """The stores under the shared root: kind, size, count, and who uses them."""
+    from pipeline.extract.job import features_root as resolve_root
+    from pipeline.store_check import list_stores
+
+    root = resolve_root(features_root)
+    rows = list_stores(root)
+    if not rows:
+        click.echo(f"no stores under {root}")
+        return
+    click.echo(f"stores under {root}:")
+    for r in rows:
+        click.echo(f"  {r['name']}  {r['kind']}  {r['count']} records  {r['size_mb']:.1f} MB")
+        for user in r["users"]:
+            click.echo(f"      used by {user}")
+
+
 # -- the stage engine -------------------------------------------------------------------
 def _stages_options(func):
     func = click.option("-c", "--config", "stages_path", default="stages.yaml", show_default=True,

@@ -231,7 +231,9 @@ class Pipeline:
                                 f"(in {self.workdir})")
         code = self._code_digest(stage)
         started = time.time()
-        rc = subprocess.run([sys.executable, "-m", "cli", *stage.argv], cwd=self.workdir).returncode
+        env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
+        rc = subprocess.run([sys.executable, "-m", "cli", *stage.argv], cwd=self.workdir,
+                            env=env).returncode
         if rc != 0:
             raise CapstackError(f"stage '{stage.name}' failed: `{stage.cmd}` exited with status "
                                 f"{rc}; nothing was recorded")

@@ -213,13 +213,17 @@ class StoreReader(ABC):
             raise KeyError(f"{self.path}: no record for image {image_id}")
         return self._get(int(image_id))
 
-    def read_batch(self, image_ids: Sequence[int], max_rows: int | None = None) -> Batch:
-        """Records of ``image_ids`` in one padded batch (the store's dtype, no conversion)."""
+    def read_batch(self, image_ids: Sequence[int], max_rows: int | None = None,
+                   allocate=np.empty) -> Batch:
+        """Records of ``image_ids`` in one padded batch (the store's dtype, no conversion).
+
+        ``allocate(shape, dtype)`` makes the feature array (e.g. in shared memory)."""
         records = [self.get(i) for i in image_ids]
         rows = max(r.num for r in records) if records else 0
         rows = min(rows, max_rows) if max_rows else rows
         b = len(records)
-        features = np.zeros((b, rows, self.feature_dim), dtype=self.dtype)
+        features = allocate((b, rows, self.feature_dim), self.dtype)
+        features[...] = 0
         mask = np.zeros((b, rows), dtype=bool)
         hw = np.zeros((b, 2), dtype=np.int32)
         boxes = np.zeros((b, rows, 4), dtype=np.float32) if self.kind == "regions" else None

@@ -174,34 +174,37 @@ class LmdbReader(StoreReader):
                 raise CapstackError(f"{self.path}: record of image {image_id} is missing")
             return decode_record(buf, self.kind, self.dtype)
 
-    def read_batch(self, image_ids, max_rows=None) -> Batch:
-        """One read transaction; each record copied once, straight into the batch array."""
+    def read_batch(self, image_ids, max_rows=None, allocate=np.empty) -> Batch:
+        """One read transaction; each record copied once, straight into the batch array.
+
+        ``allocate(shape, dtype)`` makes the batch's feature array: a DataLoader
+        worker passes one in shared memory so the batch crosses to the trainer
+        without another copy.
+        """
+        d, dtype, regions = self.feature_dim, self.dtype, self.kind == "regions"
+        unpack, head = _HEADER.unpack_from, _HEADER.size
         with self._open().begin(buffers=True) as txn:
-            bufs = []
-            for i in image_ids:
-                buf = txn.get(_record_key(int(i)))
-                if buf is None:
-                    raise KeyError(f"{self.path}: no record for image {i}")
-                bufs.append(buf)
-            heads = [_HEADER.unpack_from(b, 0) for b in bufs]
+            bufs = [txn.get(_record_key(int(i))) for i in image_ids]
+            if any(b is None for b in bufs):
+                missing = next(i for i, b in zip(image_ids, bufs) if b is None)
+                raise KeyError(f"{self.path}: no record for image {missing}")
+            heads = [unpack(b, 0) for b in bufs]
             rows = max((h[0] for h in heads), default=0)
             rows = min(rows, max_rows) if max_rows else rows
-            batch = Batch(np.zeros((len(bufs), rows, self.feature_dim), self.dtype),
-                          np.zeros((len(bufs), rows), bool),
-                          np.array([(h[2], h[3]) for h in heads], np.int32).reshape(-1, 2),
-                          np.zeros((len(bufs), rows, 4), np.float32)
-                          if self.kind == "regions" else None)
-            d = self.feature_dim
-            for k, (buf, (n, _, _, _)) in enumerate(zip(bufs, heads)):
-                m = min(n, rows)
-                feats = np.frombuffer(buf, self.dtype, n * d, _HEADER.size).reshape(n, d)
-                batch.features[k, :m] = feats[:m]
-                batch.mask[k, :m] = True
-                if batch.boxes is not None:
-                    offset = _HEADER.size + n * d * self.dtype.itemsize
-                    batch.boxes[k, :m] = np.frombuffer(buf, np.float32, n * 4,
-                                                       offset).reshape(n, 4)[:m]
-            return batch
+            features = allocate((len(bufs), rows, d), dtype)
+            flat = features.reshape(len(bufs), rows * d)  # a view: no per-record reshape
+            counts = np.minimum([h[0] for h in heads], rows)
+            boxes = np.zeros((len(bufs), rows, 4), np.float32) if regions else None
+            for k, (buf, m) in enumerate(zip(bufs, counts.tolist())):
+                flat[k, :m * d] = np.frombuffer(buf, dtype, m * d, head)
+                if m < rows:
+                    flat[k, m * d:] = 0
+                if regions:
+                    boxes[k, :m] = np.frombuffer(buf, np.float32, m * 4, head + heads[k][0] * d
+                                                 * dtype.itemsize).reshape(m, 4)
+            mask = np.arange(rows)[None, :] < counts[:, None]
+            hw = np.array([(h[2], h[3]) for h in heads], np.int32).reshape(-1, 2)
+            return Batch(features, mask, hw, boxes)
 
     def close(self) -> None:
         _ENVS.release(os.path.realpath(self.path))

@@ -1,0 +1,1 @@
+"""Feature extraction: images -> ResNet grid features and Faster R-CNN region features."""

@@ -1,0 +1,182 @@
+"""Grid extraction end to end on small random networks: shapes, sharing, bad files, kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.errors import CapstackError
+from pipeline.extract.grid import GridSettings, extract_grid
+from pipeline.shapes import write_shapes_dataset
+from pipeline.stores import open_store
+
+SETTINGS = GridSettings(backbone="resnet18", weights="random", image_size=64, grid=2)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data") / "shapes"
+    write_shapes_dataset(root, n_train=10, n_val=2, n_test=2, seed=1, size=64)
+    return root, root / "dataset_shapes.json"
+
+
+def extract(shapes, root, settings=SETTINGS, batch_size=4, **kw):
+    image_root, dataset = shapes
+    return extract_grid(dataset, image_root, settings, root=root, batch_size=batch_size,
+                        workers=0, progress=False, **kw)
+
+
+def test_grid_records_have_the_expected_shapes(shapes, tmp_path):
+    result = extract(shapes, tmp_path / "features", pointer=tmp_path / "grid.json")
+    assert not result.reused and result.extracted == 14 and result.skipped == 0
+    assert result.store.name.startswith("grid-resnet18-") and result.store.suffix == ".lmdb"
+    store = open_store(result.store)
+    meta = store.meta
+    assert (meta["kind"], meta["backbone"], meta["grid"], meta["feature_dim"]) == \
+        ("grid", "resnet18", 2, 512)
+    assert meta["weights"] == "random" and meta["dtype"] == "float16" and meta["count"] == 14
+    record = store.get(0)
+    assert record.features.shape == (4, 512) and (record.height, record.width) == (64, 64)
+    assert json.loads((tmp_path / "grid.json").read_text())["store"] == str(result.store)
+
+
+def test_same_settings_reuse_the_store_other_settings_do_not(shapes, tmp_path):
+    root = tmp_path / "features"
+    first = extract(shapes, root, pointer=tmp_path / "a.json")
+    again = extract(shapes, root, pointer=tmp_path / "b.json")
+    assert again.reused and again.store == first.store and again.fingerprint == first.fingerprint
+    users = json.loads(first.store.with_name(first.store.name + ".users.json").read_text())
+    assert len(users) == 2
+    other = extract(shapes, root, GridSettings("resnet18", "random", 64, grid=1))
+    assert other.fingerprint != first.fingerprint and not other.reused
+
+
+def test_fingerprint_follows_every_setting_and_the_images(shapes, tmp_path, monkeypatch):
+    from pipeline.extract import job as job_module
+
+    def plan_only(job, dataset, path, meta, *args):  # fingerprint without extracting
+        return job_module.JobResult(path, meta["fingerprint"], reused=False)
+
+    monkeypatch.setattr(job_module, "_extract", plan_only)
+    variants = [SETTINGS, GridSettings("resnet18", "random", 96, 2),
+                GridSettings("resnet18", "random", 64, 3), GridSettings("resnet34", "random", 64, 2),
+                GridSettings("resnet18", "random", 64, 2, dtype="float32")]
+    fingerprints = [extract(shapes, tmp_path, s).fingerprint for s in variants]
+    assert len(set(fingerprints)) == len(variants)
+    assert extract(shapes, tmp_path, SETTINGS).fingerprint == fingerprints[0]
+    image = shapes[0] / "images" / "shapes_000003.png"
+    data = image.read_bytes()
+    try:
+        image.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        assert extract(shapes, tmp_path, SETTINGS).fingerprint != fingerprints[0]
+    finally:
+        image.write_bytes(data)
+
+
+def test_bad_files_are_skipped_recorded_and_extraction_goes_on(shapes, tmp_path):
+    image_root, dataset_json = shapes
+    data = json.loads(dataset_json.read_text())
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "empty.png").write_bytes(b"")
+    (broken / "text.png").write_text("not an image")
+    (broken / "cut.png").write_bytes((image_root / "images/shapes_000000.png").read_bytes()[:200])
+    for k, name in enumerate(["empty.png", "text.png", "cut.png", "absent.png"]):
+        data["images"][k]["filepath"] = str(broken)
+        data["images"][k]["filename"] = name
+    bad_json = tmp_path / "dataset_bad.json"
+    bad_json.write_text(json.dumps(data))
+    result = extract_grid(bad_json, image_root, SETTINGS, root=tmp_path / "f", batch_size=4,
+                          workers=0, progress=False)
+    assert result.extracted == 10 and result.skipped == 4
+    store = open_store(result.store)
+    assert set(store.meta["skipped"]) == {"0", "1", "2", "3"}
+    assert "missing" in store.meta["skipped"]["3"]
+    assert len(store) == 10 and 4 in store
+
+
+def test_missing_weights_say_where_to_put_them(shapes, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    with pytest.raises(CapstackError, match=r"no weights for resnet18: put torchvision's "
+                                            r"ImageNet state_dict at .*resnet18-f37072fd.pth"):
+        extract(shapes, tmp_path, GridSettings("resnet18", None, 64, 2))
+    with pytest.raises(CapstackError, match="nope.pth: backbone weights not found"):
+        extract(shapes, tmp_path, GridSettings("resnet18", str(tmp_path / "nope.pth"), 64, 2))
+
+
+def test_random_resnet101_overflow_is_refused(shapes, tmp_path):
+    """float16 cannot hold a random deep ResNet's activations: the store refuses them."""
+    try:
+        extract(shapes, tmp_path, GridSettings("resnet101", "random", 448, 2))
+    except CapstackError as e:
+        assert "non-finite feature values" in str(e) and "image 0" in str(e)
+    else:  # the magnitudes happened to fit: then every stored value is finite
+        store = open_store(next(tmp_path.glob("grid-resnet101-*.lmdb")))
+        assert np.isfinite(store.read_batch(store.ids()).features).all()
+
+
+def _extract_cmd(shapes, root, out_log):
+    image_root, dataset = shapes
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "extract-grid", str(dataset), str(image_root),
+         "--backbone", "resnet18", "--weights", "random", "--image-size", "64", "--grid", "2",
+         "--batch", "1", "--workers", "0", "--features-root", str(root)],
+        stdout=out_log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _partial_store(root: Path):
+    found = list(root.glob("*.partial")) if root.exists() else []
+    return found[0] if found else None
+
+
+def _committed(partial: Path) -> int:
+    import lmdb
+    env = lmdb.open(str(partial), readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return sum(1 for k in txn.cursor().iternext(values=False) if k.startswith(b"r:"))
+    finally:
+        env.close()
+
+
+def _wait(predicate, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_or_interrupted_extraction_resumes_to_the_same_records(shapes, tmp_path, sig):
+    # batch 1 as in the killed run, so that even the rounding is the same
+    reference = extract(shapes, tmp_path / "reference", batch_size=1).store
+    root = tmp_path / "features"
+    with open(tmp_path / "log.txt", "w") as log:
+        proc = _extract_cmd(shapes, root, log)
+        partial = _wait(lambda: _partial_store(root))
+        _wait(lambda: _committed(partial) >= 3)
+        os.killpg(proc.pid, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
+        assert proc.wait(60) != 0
+    done_before = _committed(partial)
+    assert 3 <= done_before < 14
+    if sig == signal.SIGINT:
+        assert "interrupted" in (tmp_path / "log.txt").read_text()
+    assert not (root / partial.name.replace(".partial", "")).exists()
+    with open(tmp_path / "log2.txt", "w") as log:
+        assert _extract_cmd(shapes, root, log).wait(120) == 0
+    resumed = open_store(root / partial.name[:-len(".partial")])
+    expected = open_store(reference)
+    assert sorted(resumed.ids()) == sorted(expected.ids()) and len(resumed) == 14
+    for i in expected.ids():
+        np.testing.assert_array_equal(resumed.get(i).features, expected.get(i).features)
