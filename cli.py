@@ -142,21 +142,21 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--backbone", default="resnet10", show_default=True)
-@click.option("--image-size", default=128, show_default=True)
-@click.option("--epochs", default=3, show_default=True)
-@click.option("--batch", "batch_size", default=32, show_default=True)
+@click.option("--crop-size", default=64, show_default=True, help="Object crops are resized to this.")
+@click.option("--epochs", default=4, show_default=True)
+@click.option("--batch", "batch_size", default=64, show_default=True)
 @click.option("--lr", default=1e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
-def train_backbone_cmd(dataset_json, image_root, out, backbone, image_size, epochs, batch_size,
+def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epochs, batch_size,
                        lr, seed):
-    """Train a small ResNet on the objects in the dataset's boxes (the demo's 'ImageNet')."""
+    """Train a small ResNet to name each boxed object's shape and colour (the demo's 'ImageNet')."""
     from pipeline.backbone_training import BackboneTraining, train_backbone
 
-    cfg = BackboneTraining(backbone, image_size, epochs, batch_size, lr, seed)
+    cfg = BackboneTraining(backbone, crop_size, epochs, batch_size, lr, seed)
     r = train_backbone(dataset_json, image_root, out, cfg)
-    val = (f", val label accuracy {r['label_accuracy']:.3f}, exact match {r['exact_match']:.3f}"
-           if "label_accuracy" in r else "")
-    click.echo(f"train-backbone: {r['labels']} labels, final train loss {r['train_loss']:.4f}"
+    val = (f"; held-out objects: shape accuracy {r['shape_accuracy']:.3f}, colour accuracy "
+           f"{r['color_accuracy']:.3f}" if "shape_accuracy" in r else "")
+    click.echo(f"train-backbone: {r['objects']} objects, final train loss {r['train_loss']:.4f}"
                f"{val} -> {out}")
 
 
