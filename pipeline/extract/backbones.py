@@ -72,9 +72,9 @@ def resolve_weights(name: str, weights: str | None) -> Weights:
     if weights == RANDOM:
         return Weights(RANDOM, f"random-seed-{RANDOM_SEED}")
     if weights:
-        path = Path(weights).expanduser()
+        path = Path(weights).expanduser().resolve()
         if not path.is_file():
-            raise CapstackError(f"{path}: backbone weights not found")
+            raise CapstackError(f"{weights}: backbone weights not found")
         return Weights(str(path), md5_of_file(path))
     for path in cached_weight_files(name):
         if path.is_file():

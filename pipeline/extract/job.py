@@ -75,8 +75,9 @@ def run_job(job: ExtractionJob, make_model: Callable[[], BatchModel], transform,
     fp = fingerprint(settings)
     path = _store_path(job, root, fp)
     meta = {"kind": job.kind, "backbone": job.backbone, "dtype": job.dtype, "fingerprint": fp,
-            "capstack_version": pipeline.__version__, "dataset": str(job.dataset_json),
-            "image_root": str(job.image_root), "settings": settings,
+            "capstack_version": pipeline.__version__,
+            "dataset": str(Path(job.dataset_json).resolve()),
+            "image_root": str(Path(job.image_root).resolve()), "settings": settings,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **job.settings, **job.describe}
     if path.exists():
         result = JobResult(_check_reusable(path, fp), fp, reused=True)

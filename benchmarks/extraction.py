@@ -1,0 +1,104 @@
+"""Extraction: images/s of extract-grid against the backbone's forward pass alone.
+
+The pipeline (decode + resize in DataLoader workers, forward, float16 store
+writes) should keep the backbone >= 90 % busy: its images/s over the forward
+pass's images/s on preloaded tensors of the same batch size. Images are
+640x480 JPEGs (COCO-like) drawn here; weights are random (``--dtype float32``
+because a random ResNet-101's activations overflow float16).
+
+    python benchmarks/extraction.py [--images 64] [--backbone resnet101] [--image-size 448]
+        [--batch 16] [--workers 2] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from pipeline.extract.backbones import load_resnet, resnet_body, resolve_weights  # noqa: E402
+from pipeline.extract.grid import GridExtractor, GridSettings, extract_grid, pick_device  # noqa: E402
+from pipeline.extract.runner import autocast  # noqa: E402
+
+
+def write_images(folder: Path, n: int) -> Path:
+    rng = np.random.default_rng(0)
+    (folder / "images").mkdir(parents=True)
+    images = []
+    for i in range(n):
+        im = Image.new("RGB", (640, 480), tuple(int(c) for c in rng.integers(120, 255, 3)))
+        draw = ImageDraw.Draw(im)
+        for _ in range(6):
+            x, y = rng.integers(0, 560), rng.integers(0, 400)
+            draw.ellipse([x, y, x + 80, y + 80], fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
+        im.save(folder / "images" / f"{i:05d}.jpg", quality=90)
+        images.append({"filepath": "images", "filename": f"{i:05d}.jpg", "imgid": i,
+                       "split": "train", "sentences": [{"tokens": ["x"], "sentid": i}]})
+    path = folder / "dataset_bench.json"
+    path.write_text(json.dumps({"dataset": "bench", "images": images}))
+    return path
+
+
+def forward_only(args, device) -> float:
+    weights = resolve_weights(args.backbone, "random")
+    model = GridExtractor(resnet_body(load_resnet(args.backbone, weights)), args.grid).eval()
+    model = model.to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(args.batch, 3, args.image_size, args.image_size, device=device)
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    n_batches = max(1, args.images // args.batch)
+    with torch.inference_mode(), autocast(device):
+        model(x)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(n_batches):
+            model(x).float().cpu()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return n_batches * args.batch / (time.perf_counter() - started)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=64)
+    ap.add_argument("--backbone", default="resnet101")
+    ap.add_argument("--image-size", type=int, default=448)
+    ap.add_argument("--grid", type=int, default=14)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args()
+    device = pick_device(args.device)
+    print(f"device {device}, torch threads {torch.get_num_threads()}, {args.backbone} "
+          f"{args.image_size}px, batch {args.batch}, {args.workers} workers, {args.images} images")
+    with tempfile.TemporaryDirectory() as tmp:
+        dataset = write_images(Path(tmp), args.images)
+        forward = forward_only(args, device)
+        print(f"forward pass alone (preloaded tensors): {forward:8.2f} images/s")
+        settings = GridSettings(args.backbone, "random", args.image_size, args.grid, "float32")
+        started = time.perf_counter()
+        result = extract_grid(dataset, Path(tmp), settings, root=Path(tmp) / "features",
+                              batch_size=args.batch, workers=args.workers, device=args.device,
+                              progress=False)
+        total = time.perf_counter() - started
+        print(f"extract-grid loop (decode, forward, write): {result.images_per_s:8.2f} images/s"
+              f"  (whole command incl. model build and hashing: {args.images / total:.2f})")
+        print(f"backbone busy: {result.images_per_s / forward:.1%} of the forward-only rate")
+
+
+if __name__ == "__main__":
+    main()
