@@ -19,6 +19,7 @@ regions), ``extractor``, ``backbone``, ``weights`` and ``weights_md5`` (or
 
 from __future__ import annotations
 
+import json
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -236,8 +237,18 @@ class StoreReader(ABC):
                 boxes[k, :n] = r.boxes[:n]
         return Batch(features, mask, hw, boxes)
 
+    def _read_meta(self) -> dict:
+        raw = self._raw_meta()
+        if raw is None:
+            raise CapstackError(f"{self.path}: not a capstack feature store (no metadata)")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise CapstackError(f"{self.path}: store metadata is not valid JSON") from None
+
     @abstractmethod
-    def _read_meta(self) -> dict: ...
+    def _raw_meta(self) -> str | bytes | None:
+        """The metadata JSON as stored, or None when there is none."""
 
     @abstractmethod
     def _read_ids(self) -> np.ndarray: ...

@@ -145,14 +145,8 @@ class Hdf5Reader(StoreReader):
             self._handle_pid = os.getpid()
         return self._handle_file
 
-    def _read_meta(self) -> dict:
-        raw = self._open().attrs.get("meta")
-        if raw is None:
-            raise CapstackError(f"{self.path}: not a capstack feature store (no metadata)")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise CapstackError(f"{self.path}: store metadata is not valid JSON") from None
+    def _raw_meta(self):
+        return self._open().attrs.get("meta")
 
     def _read_ids(self) -> np.ndarray:
         f = self._open()

@@ -150,15 +150,9 @@ class LmdbReader(StoreReader):
         except lmdb.Error as e:
             raise CapstackError(f"{self.path}: cannot open LMDB store ({e})") from None
 
-    def _read_meta(self) -> dict:
+    def _raw_meta(self):
         with self._open().begin(buffers=False) as txn:
-            raw = txn.get(_META)
-        if raw is None:
-            raise CapstackError(f"{self.path}: not a capstack feature store (no metadata)")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise CapstackError(f"{self.path}: store metadata is not valid JSON") from None
+            return txn.get(_META)
 
     def _read_ids(self) -> np.ndarray:
         with self._open().begin() as txn:
