@@ -137,6 +137,42 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
                              workers=workers, device=device))
 
 
+@stage_command("extract-regions", code="pipeline.extract.region_extraction")
+@click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--arch", type=click.Choice(["fpn", "c5"]), default="fpn", show_default=True,
+              help="fpn: torchvision's fasterrcnn_resnet50_fpn (1024-d box head); c5: bottom-up "
+                   "layout, RoIAlign on a ResNet's layer4, mean-pooled.")
+@click.option("--backbone", default="resnet50", show_default=True)
+@click.option("--weights", default=None,
+              help="Detector (or, for c5, ResNet) state_dict, or 'random' [torchvision's cache].")
+@click.option("--weights-kind", type=click.Choice(["auto", "detector", "backbone"]),
+              default="auto", show_default=True)
+@click.option("--boxes", type=click.Choice(["detect", "given"]), default="detect",
+              show_default=True, help="given: pool the boxes of the dataset json's 'boxes'.")
+@click.option("--min-boxes", default=10, show_default=True)
+@click.option("--max-boxes", default=100, show_default=True)
+@click.option("--conf-thresh", default=0.2, show_default=True)
+@click.option("--nms-thresh", default=0.3, show_default=True)
+@click.option("--min-size", default=600, show_default=True, help="Images resized to this shorter side.")
+@click.option("--max-size", default=1000, show_default=True)
+@click.option("--num-classes", default=91, show_default=True,
+              help="Detector classes incl. background (COCO 91, Visual Genome 1601).")
+@_store_options
+def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weights_kind, boxes,
+                        min_boxes, max_boxes, conf_thresh, nms_thresh, min_size, max_size,
+                        num_classes, out, features_root, fmt, pointer, dtype, batch_size, workers,
+                        device):
+    """Bottom-up region features from torchvision's Faster R-CNN into a feature store."""
+    from pipeline.extract.region_extraction import RegionSettings, extract_regions
+
+    settings = RegionSettings(arch, backbone, weights, weights_kind, boxes, min_boxes, max_boxes,
+                              conf_thresh, nms_thresh, min_size, max_size, num_classes, dtype)
+    _report_job(extract_regions(dataset_json, image_root, settings, out=out, root=features_root,
+                                format=fmt, pointer=pointer, batch_size=batch_size,
+                                workers=workers, device=device))
+
+
 @stage_command("train-backbone", code="pipeline.backbone_training")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))

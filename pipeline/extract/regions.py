@@ -197,19 +197,21 @@ def load_detector_weights(model: FasterRCNN, path, *, kind: str = "auto") -> str
 
 # --------------------------------------------------------------------------- selection
 
-def survived_max_score(boxes: Tensor, class_scores: Tensor, nms_thresh: float) -> Tensor:
+def survived_max_score(boxes: Tensor, class_scores: Tensor, nms_thresh: float,
+                       min_score: float = 0.0) -> Tensor:
     """Per box, its best score over the classes for which it survives per-class NMS (0 if none).
 
+    Only (box, class) entries scoring ``>= min_score`` take part. That is exact for
+    every result ``>= min_score`` (an entry is only ever suppressed by higher
+    scores) and much cheaper with many classes; lower results read 0.
     boxes [N, 4], class_scores [N, K] (foreground classes only) -> [N].
     """
     n, k = class_scores.shape
-    flat_boxes = boxes[:, None, :].expand(n, k, 4).reshape(-1, 4)  # [N*K, 4]
-    flat_scores = class_scores.reshape(-1)  # [N*K]
-    flat_classes = torch.arange(k, device=boxes.device).repeat(n)  # [N*K], class of each entry
-    keep = batched_nms(flat_boxes, flat_scores, flat_classes, nms_thresh)
-    survived = torch.zeros_like(flat_scores)
-    survived[keep] = flat_scores[keep]
-    return survived.view(n, k).max(dim=1).values  # [N]
+    box_index, class_index = torch.nonzero(class_scores >= min_score, as_tuple=True)  # [E], [E]
+    entry_scores = class_scores[box_index, class_index]  # [E]
+    keep = batched_nms(boxes[box_index], entry_scores, class_index, nms_thresh)  # [E'] into E
+    best = class_scores.new_zeros(n)
+    return best.scatter_reduce(0, box_index[keep], entry_scores[keep], reduce="amax")  # [N]
 
 
 def select_regions(boxes: Tensor, class_scores: Tensor, *, nms_thresh: float, conf_thresh: float,
@@ -226,11 +228,13 @@ def select_regions(boxes: Tensor, class_scores: Tensor, *, nms_thresh: float, co
     """
     if boxes.shape[0] == 0:
         return torch.zeros(0, dtype=torch.int64, device=boxes.device), class_scores.new_zeros(0)
-    conf = survived_max_score(boxes, class_scores, nms_thresh)  # [N]
+    conf = survived_max_score(boxes, class_scores, nms_thresh, min_score=conf_thresh)  # [N]
+    count = int((conf >= conf_thresh).sum())
+    if count < min_boxes and conf_thresh > 0:  # the fill-up ranks the rest too: all entries
+        conf = survived_max_score(boxes, class_scores, nms_thresh)
     # sort by raw max score, then stably by conf: conf decides, raw score breaks ties
     order = class_scores.max(dim=1).values.argsort(descending=True, stable=True)
     order = order[conf[order].argsort(descending=True, stable=True)]
-    count = int((conf >= conf_thresh).sum())
     count = min(max(count, min_boxes), max_boxes, len(order))
     keep = order[:count]
     return keep, conf[keep]
