@@ -4,7 +4,8 @@ For 36x2048 (regions) and 196x2048 (grid) float16 records, against the floor
 measured in the same run: a bare loop of ``lmdb`` gets copied into one
 preallocated batch array (what any batch must do). A batch is read by one
 call (``StoreReader.read_batch``), in the DataLoader's workers when there are
-some, and stays float16 (conversion belongs on the device).
+some, and stays float16 (conversion belongs on the device). "0+reuse" reads
+in the main process into one reused ``BatchBuffer`` instead of a fresh array.
 
     python benchmarks/store_reads.py [--records 1000] [--batch 50] [--dir DIR]
 """
@@ -15,6 +16,7 @@ import argparse
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +28,23 @@ import torch  # noqa: E402
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler  # noqa: E402
 
 from pipeline.stores import Record, create_writer, open_store  # noqa: E402
+from pipeline.stores.buffer import BatchBuffer  # noqa: E402
 from pipeline.stores.lmdb import _HEADER, _record_key, shared_env  # noqa: E402
 
 
 class BatchReads(Dataset):
     """Each item is a whole batch: a list of ids in, one padded array out."""
 
-    def __init__(self, store, ids):
+    def __init__(self, store, ids, reuse: bool = False):
         self.store, self.ids = store, ids
+        self.buffer = BatchBuffer() if reuse else None
 
     def __len__(self):
         return len(self.ids)
 
     def __getitem__(self, positions):
         info = torch.utils.data.get_worker_info()
-        allocate = shared_empty if info is not None else np.empty
+        allocate = shared_empty if info is not None else self.buffer or np.empty
         batch = self.store.read_batch([self.ids[p] for p in positions], allocate=allocate)
         return torch.from_numpy(batch.features), torch.from_numpy(batch.mask)
 
@@ -81,11 +85,12 @@ def floor_lmdb(path: Path, ids, batch: int, rows: int, dim: int, rounds: int) ->
     return done / (time.perf_counter() - started)
 
 
-def loader_rate(path: Path, ids, batch: int, workers: int, rounds: int) -> float:
+def loader_rate(path: Path, ids, batch: int, workers: int, rounds: int,
+                reuse: bool = False) -> float:
     store = open_store(path)
     sampler = BatchSampler(RandomSampler(range(len(ids)), generator=torch.Generator().manual_seed(0)),
                            batch, drop_last=True)
-    loader = DataLoader(BatchReads(store, ids), sampler=sampler, batch_size=None,
+    loader = DataLoader(BatchReads(store, ids, reuse), sampler=sampler, batch_size=None,
                         num_workers=workers, persistent_workers=workers > 0,
                         prefetch_factor=4 if workers else None)
     it = iter(loader)
@@ -110,6 +115,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers, 2 cores
     print(f"{'record':>10} {'backend':>7} {'workers':>7} {'records/s':>10} {'vs floor':>8}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for rows, dim, label in ((36, 2048, "36x2048"), (196, 2048, "196x2048")):
@@ -120,9 +126,10 @@ def main() -> None:
             floor = floor_lmdb(paths[".lmdb"], ids, args.batch, rows, dim, args.rounds * 2)
             print(f"{label:>10} {'floor':>7} {'-':>7} {floor:10.0f} {1.0:8.2f}")
             for suffix, backend in ((".lmdb", "lmdb"), (".h5", "hdf5")):
-                for workers in (0, 2):
-                    rate = loader_rate(paths[suffix], ids, args.batch, workers, args.rounds)
-                    print(f"{label:>10} {backend:>7} {workers:7d} {rate:10.0f} "
+                runs = [("0", 0, False), ("0+reuse", 0, True), ("2", 2, False), ("4", 4, False)]
+                for name, workers, reuse in runs:
+                    rate = loader_rate(paths[suffix], ids, args.batch, workers, args.rounds, reuse)
+                    print(f"{label:>10} {backend:>7} {name:>7} {rate:10.0f} "
                           f"{rate / floor:8.2f}")
 
 

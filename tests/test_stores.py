@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipeline.errors import CapstackError
 from pipeline.stores import Record, create_writer, open_store, partial_path, store_format
+from pipeline.stores.buffer import BatchBuffer
 
 SUFFIXES = [".lmdb", ".h5"]
 
@@ -84,6 +85,22 @@ def test_read_batch_pads_and_masks(tmp_path, suffix):
         assert batch.hw[k].tolist() == [records[i].height, records[i].width]
     capped = open_store(path).read_batch(ids, max_rows=3)
     assert capped.features.shape == (3, 3, 8) and capped.mask.sum() == 7
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_batch_buffer_is_reused_and_grows(tmp_path, suffix):
+    path = tmp_path / f"store{suffix}"
+    write_store(path)
+    store, buffer = open_store(path), BatchBuffer()
+    small = store.read_batch([100, 101], allocate=buffer)
+    np.testing.assert_array_equal(small.features, store.read_batch([100, 101]).features)
+    small_address = small.features.ctypes.data
+    big_ids = [106, 100, 105, 104]
+    big = store.read_batch(big_ids, allocate=buffer)  # larger: the buffer grows
+    np.testing.assert_array_equal(big.features, store.read_batch(big_ids).features)
+    again = store.read_batch([101, 102], allocate=buffer)  # smaller: the same memory again
+    assert again.features.ctypes.data == big.features.ctypes.data != small_address
+    np.testing.assert_array_equal(again.features, store.read_batch([101, 102]).features)
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)

@@ -79,7 +79,7 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
             report.extracted += len(records)
             report.skipped += batch["skipped"]
             bar.update(len(batch["image_ids"]) + len(batch["skipped"]))
-            bar.set_postfix(skipped=len(report.skipped))
+            bar.set_postfix(skipped=len(report.skipped), refresh=False)
             if state["stop"]:
                 report.seconds = time.perf_counter() - started
                 raise CapstackError(
