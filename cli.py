@@ -196,13 +196,99 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
                f"{val} -> {out}")
 
 
+# -- trainer ---------------------------------------------------------------------------
+@main.command("decoders")
+def decoders_cmd():
+    """The registered decoders: name, then what it is."""
+    from trainer.decoders import summaries
+
+    rows = summaries()
+    width = max(len(name) for name, _ in rows)
+    for name, summary in rows:
+        click.echo(f"{name:<{width}}  {summary}")
+
+
+@stage_command("train", code="trainer.train")
+@click.argument("experiment", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The run folder: checkpoints, metrics log; an existing run resumes.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+              help="Override a value of the experiment file, e.g. train.epochs=3.")
+def train_cmd(experiment, out_dir, overrides):
+    """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says."""
+    import logging
+
+    from trainer.config import load_experiment
+    from trainer.metrics import java_missing
+    from trainer.train import train
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    config = load_experiment(experiment, list(overrides))
+    if java_missing():
+        click.echo("note: METEOR will be n/a at evaluation (java not found)")
+    r = train(config, out_dir)
+    resumed = f", resumed at epoch {r.resumed_at[0] + 1}" if r.resumed_at else ""
+    click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val CIDEr "
+               f"{r.best_cider:.3f} (greedy) at epoch {r.best_epoch + 1} -> {out_dir}/best.pt")
+
+
+@stage_command("evaluate", code="trainer.evaluate")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Score TARGET as a COCO results file against these references.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where results, metrics.json and figures go [RUN/eval].")
+@click.option("--split", default="test", show_default=True)
+@click.option("--beam", "beam_size", default=5, show_default=True)
+@click.option("--max-len", default=16, show_default=True)
+@click.option("--figures", default=4, show_default=True, help="Attention figures of the first N images.")
+@click.option("--device", default="auto", show_default=True)
+def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, device):
+    """Beam-search a checkpoint (or run folder) on a split and score it; or score RESULTS --refs REFS."""
+    from trainer.evaluate import check_split, evaluate_checkpoint
+    from trainer.metrics import score_files
+
+    if refs is not None:
+        scores = score_files(target, refs)
+    else:
+        out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
+        scores = evaluate_checkpoint(target, out_dir, split=check_split(split),
+                                     beam_size=beam_size, max_len=max_len, figures=figures,
+                                     device=device)
+    _echo_scores(scores)
+    if out_dir:
+        click.echo(f"-> {out_dir}/metrics.json")
+
+
+def _echo_scores(scores: dict) -> None:
+    for name, value in scores["metrics"].items():
+        shown = f"{100 * value:6.1f}" if value is not None else \
+            f"   n/a ({scores['unavailable'].get(name, 'unavailable')})"
+        click.echo(f"  {name:<8}{shown}")
+    click.echo(f"  ({scores['images']} images, {scores['tokenizer']} tokenizer)")
+
+
+@stage_command("report", code="trainer.report")
+@click.argument("metrics", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="reports", show_default=True,
+              type=click.Path(file_okay=False, path_type=Path))
+def report_cmd(metrics, out_dir):
+    """One table of every evaluated experiment (metrics.json files or their folders), in %."""
+    from trainer.report import write_report
+
+    files = [m / "metrics.json" if m.is_dir() else m for m in metrics]
+    csv_path, md_path = write_report(files, out_dir)
+    click.echo(md_path.read_text().rstrip())
+    click.echo(f"-> {csv_path}, {md_path}")
+
+
 @main.command("inspect")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["lmdb", "hdf5"]), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(store, fmt, as_json):
     """A store's metadata and one record's shapes (STORE may be a pointer .json)."""
-    from pipeline.extract.job import read_pointer
+    from pipeline.stores.pointer import read_pointer
     from pipeline.stores import open_store
 
     reader = open_store(read_pointer(store), fmt)
@@ -234,7 +320,7 @@ def inspect_cmd(store, fmt, as_json):
               type=click.Path(dir_okay=False, path_type=Path))
 def verify_cmd(store, dataset_json):
     """Check that STORE holds a record for every image of the dataset."""
-    from pipeline.extract.job import read_pointer
+    from pipeline.stores.pointer import read_pointer
     from pipeline.store_check import verify_store
 
     result = verify_store(read_pointer(store), dataset_json)

@@ -27,6 +27,7 @@ from pipeline.fingerprint import fingerprint, images_digest
 from pipeline.hashing import HashCache
 from pipeline.karpathy import load_karpathy
 from pipeline.runlock import exclusive_run
+from pipeline.stores.pointer import read_pointer, write_pointer  # noqa: F401 (re-exported)
 from pipeline.stores import create_writer, open_store, store_format
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
@@ -124,26 +125,6 @@ def _extract(job, dataset, path, meta, make_model, transform, batch_size, worker
         writer.close()
     return JobResult(path, meta["fingerprint"], reused=False, extracted=report.extracted,
                      skipped=len(writer.skipped), images_per_s=report.images_per_s)
-
-
-def write_pointer(pointer: Path, store: Path, fp: str, kind: str) -> None:
-    with atomic_file(pointer) as tmp:
-        tmp.write_text(json.dumps({"store": str(Path(store).resolve()), "fingerprint": fp,
-                                   "kind": kind}, indent=1) + "\n")
-
-
-def read_pointer(pointer: str | Path) -> Path:
-    """The store a pointer file names (a store path is accepted as is)."""
-    pointer = Path(pointer)
-    if pointer.suffix != ".json":
-        return pointer
-    try:
-        return Path(json.loads(pointer.read_text())["store"])
-    except FileNotFoundError:
-        raise CapstackError(f"{pointer}: store pointer not found") from None
-    except (ValueError, KeyError, TypeError):
-        raise CapstackError(f"{pointer}: not a store pointer (expected {{\"store\": ...}})") \
-            from None
 
 
 def _record_user(store: Path, pointer: Path | None) -> None:

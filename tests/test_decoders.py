@@ -1,0 +1,208 @@
+"""Decoders and decoding: overfitting, the shared step, greedy/sample/beam agreements."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import CapstackError
+from pipeline.vocab import BOS_ID, EOS_ID, PAD_ID
+from trainer.data import caption_tensor, load_captions
+from trainer.decode import beam_search, greedy, sample
+from trainer.decoders import DECODERS, build_decoder, summaries
+from trainer.decoders.base import Decoder
+from trainer.train import xe_loss
+from trainer_fixtures import make_prepared, tiny_decoder_config
+
+NAMES = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down"]
+
+
+@pytest.fixture(scope="module")
+def handful(tmp_path_factory):
+    """Six shapes images, one caption each, and distinct random features per image."""
+    _, prepared = make_prepared(tmp_path_factory.mktemp("p"), n_train=6, n_val=1, n_test=1)
+    c = load_captions(prepared)
+    rows = c.rows("train")
+    captions = caption_tensor(c.labels, c.lengths)[c.label_start[rows]]
+    captions = captions[:, :int((captions != PAD_ID).sum(1).max())]
+    torch.manual_seed(0)
+    feats = torch.randn(len(rows), 4, 16)
+    mask = torch.ones(len(rows), 4, dtype=torch.bool)
+    mask[0, 3:] = False  # one padded location
+    return feats, mask, captions, len(c.vocab)
+
+
+def test_registry_lists_every_decoder_with_a_summary():
+    assert sorted(DECODERS) == sorted(NAMES)
+    assert all(summary for _, summary in summaries())
+    with pytest.raises(CapstackError, match="unknown decoder 'nope'.*top_down"):
+        DECODERS.get("nope")
+    with pytest.raises(CapstackError, match="registered twice"):
+        DECODERS.register("top_down")(object)
+
+
+def test_decoder_config_is_strict():
+    with pytest.raises(CapstackError, match="unknown key 'hiden'"):
+        build_decoder("top_down", {"hiden": 3}, 10, 4)
+    with pytest.raises(CapstackError, match="hidden: expected int"):
+        build_decoder("top_down", {"hidden": "big"}, 10, 4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_decoder_overfits_a_handful_of_captions(handful, name):
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(0)
+    model = build_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0}, vocab_size, 16)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    targets = captions[:, 1:]
+    for _ in range(400):  # stops as soon as the captions are learnt
+        out = model(feats, mask, captions)
+        loss = xe_loss(out.logits, targets)
+        if loss.item() < 0.01:
+            break
+        total = loss + model.regularizer(out, targets, targets != 0, mask)
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        final = xe_loss(model(feats, mask, captions).logits, targets).item()
+        decoded = greedy(model, model.encode(feats, mask), captions.shape[1])
+    assert final < 0.05, final
+    expected = [row[1:].tolist() for row in captions]
+    got = [row[:len(e)].tolist() for row, e in zip(decoded.tokens, expected)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_attention_rows_are_distributions_over_valid_locations(handful, name):
+    feats, mask, captions, vocab_size = handful
+    model = build_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
+    out = model(feats, mask, captions)
+    assert out.logits.shape == (len(captions), captions.shape[1] - 1, vocab_size)
+    if not model.has_attention:
+        assert out.alphas is None
+        return
+    assert torch.allclose(out.alphas.sum(-1), torch.ones(out.alphas.shape[:2]), atol=1e-5)
+    assert (out.alphas[0, :, 3] == 0).all()  # the padded location of image 0
+
+
+@pytest.mark.parametrize("name", ["show_tell", "soft_attention", "top_down", "hard_attention"])
+def test_beam_of_one_equals_greedy(handful, name):
+    feats, mask, _, vocab_size = handful
+    torch.manual_seed(1)
+    model = build_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
+    with torch.no_grad():
+        ctx = model.encode(feats, mask)
+        g, b = greedy(model, ctx, 8), beam_search(model, ctx, 1, 8)
+    assert torch.equal(g.tokens, b.tokens)
+    assert torch.allclose(g.logprobs, b.logprobs, atol=1e-5)
+    if g.alphas is not None:
+        assert torch.allclose(g.alphas, b.alphas)
+
+
+class TableDecoder(Decoder):
+    """A tiny decoder whose next-word distribution depends on the previous word and image."""
+
+    has_attention = False
+
+    def __init__(self, vocab_size: int, seed: int):
+        super().__init__(None, vocab_size, 1)
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(2, vocab_size, vocab_size, generator=g) * 2
+
+    def encode(self, feats, mask):
+        return {"image": feats[:, 0, 0].long()}
+
+    def init_state(self, ctx):
+        return (ctx["image"],)
+
+    def step(self, words, state, ctx):
+        return self.table[state[0], words], state, None
+
+
+def enumerate_best(model: TableDecoder, image: int, max_len: int) -> tuple[list[int], float]:
+    """The best caption by brute force: m <= max_len words then <eos>, or max_len + 1 words."""
+    words = [w for w in range(model.vocab_size) if w != EOS_ID]
+    logp = torch.log_softmax(model.table[image], -1)
+    candidates = [list(seq) + [EOS_ID] for m in range(max_len + 1)
+                  for seq in itertools.product(words, repeat=m)]
+    candidates += [list(seq) for seq in itertools.product(words, repeat=max_len + 1)]
+
+    def score(seq):
+        return sum(float(logp[prev, w]) for prev, w in zip([BOS_ID] + seq[:-1], seq))
+
+    best = max(candidates, key=score)
+    return best, score(best)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_search_finds_the_best_sequence_of_an_enumerable_model(seed):
+    model = TableDecoder(vocab_size=6, seed=seed)
+    feats = torch.tensor([[[0.0]], [[1.0]]])
+    ctx = model.encode(feats, torch.ones(2, 1, dtype=torch.bool))
+    max_len = 3
+    result = beam_search(model, ctx, beam_size=5 ** 3, max_len=max_len)  # every live prefix
+    for image in (0, 1):
+        expected, score = enumerate_best(model, image, max_len)
+        got = result.tokens[image].tolist()[:len(expected)]
+        assert got == expected
+        assert result.scores[image].item() == pytest.approx(score, abs=1e-4)
+    small = beam_search(model, ctx, beam_size=2, max_len=max_len)  # never better than exact
+    assert (small.scores <= result.scores + 1e-5).all()
+
+
+def test_sampling_is_seeded_and_temperature_sharpens(handful):
+    feats, mask, _, vocab_size = handful
+    model = build_decoder("top_down", tiny_decoder_config("top_down"), vocab_size, 16).eval()
+    with torch.no_grad():
+        ctx = model.encode(feats, mask)
+        torch.manual_seed(5)
+        a = sample(model, ctx, 6, n=3)
+        torch.manual_seed(5)
+        b = sample(model, ctx, 6, n=3)
+        cold = sample(model, ctx, 6, temperature=1e-4)
+        g = greedy(model, ctx, 6)
+    assert a.tokens.shape[0] == 3 * len(feats) and torch.equal(a.tokens, b.tokens)
+    assert torch.equal(cold.tokens, g.tokens)
+
+
+def test_sampled_logprobs_carry_gradients(handful):
+    feats, mask, _, vocab_size = handful
+    model = build_decoder("soft_attention", tiny_decoder_config("soft_attention"), vocab_size, 16)
+    out = sample(model, model.encode(feats, mask), 5)
+    out.scores.sum().backward()
+    assert model.word_embed.weight.grad is not None
+
+
+def test_hard_attention_baseline_follows_the_moving_average(handful):
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(0)
+    model = build_decoder("hard_attention", tiny_decoder_config("hard_attention"), vocab_size, 16)
+    targets = captions[:, 1:]
+    out = model(feats, mask, captions)
+    assert set(out.extras) == {"location_logp", "entropy"}
+    token_logp = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), targets,
+                                                    reduction="none")
+    logp = (token_logp * (targets != 0)).sum(1).mean().item()
+    model.regularizer(out, targets, targets != 0, mask)
+    assert float(model.baseline) == pytest.approx(0.1 * logp, rel=1e-4)  # b_1 = 0.9*0 + 0.1 log p
+    model.eval()
+    assert model(feats, mask, captions).extras == {}  # the expected context at test time
+
+
+def test_doubly_stochastic_penalty_matches_the_formula(handful):
+    feats, mask, captions, vocab_size = handful
+    model = build_decoder("soft_attention", {**tiny_decoder_config("soft_attention"),
+                                              "doubly_stochastic": 0.5}, vocab_size, 16)
+    targets = captions[:, 1:]
+    out = model(feats, mask, captions)
+    alphas, steps = out.alphas.detach().numpy(), (targets != 0).numpy()
+    expected = np.mean([0.5 * sum((1 - alphas[n, steps[n], i].sum()) ** 2
+                                  for i in range(4) if mask[n, i])
+                        for n in range(len(captions))])
+    got = model.regularizer(out, targets, targets != 0, mask).item()
+    assert got == pytest.approx(expected, rel=1e-4)

@@ -1,0 +1,177 @@
+"""Attention figures and training curves are written as real PNGs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.errors import CapstackError
+from trainer.figures import attention_figure, training_curves, upsampled_attention
+
+H, W, K = 48, 64, 4
+
+
+def _image() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, size=(H, W, 3), dtype=np.uint8)
+
+
+def _alphas(t: int, n: int, extra_rows: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    a = rng.random((t + extra_rows, n))
+    return a / a.sum(axis=1, keepdims=True)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        return im.size
+
+
+# ---------------------------------------------------------------- upsampled_attention
+
+
+def test_upsampled_attention_shape():
+    heat = upsampled_attention(_alphas(1, K * K)[0], K, H, W)
+    assert heat.shape == (H, W)
+    assert np.all(np.isfinite(heat))
+
+
+@pytest.mark.parametrize("cell", [(0, 0), (1, 2), (3, 3), (2, 0)])
+def test_one_hot_peaks_inside_its_cell(cell):
+    r, c = cell
+    alpha = np.zeros(K * K)
+    alpha[r * K + c] = 1.0
+    heat = upsampled_attention(alpha, K, H, W)
+    y, x = np.unravel_index(np.argmax(heat), heat.shape)
+    ch, cw = H // K, W // K
+    assert r * ch <= y < (r + 1) * ch
+    assert c * cw <= x < (c + 1) * cw
+
+
+def test_strongest_cell_is_brightest_at_its_centre():
+    alpha = np.full(K * K, 0.5 / (K * K - 1))
+    alpha[1 * K + 2] = 0.5
+    heat = upsampled_attention(alpha, K, H, W)
+    centre = heat[int(1.5 * H / K), int(2.5 * W / K)]
+    other_centres = [heat[int((r + 0.5) * H / K), int((c + 0.5) * W / K)]
+                     for r in range(K) for c in range(K) if (r, c) != (1, 2)]
+    assert centre > max(other_centres)
+
+
+def test_unsmoothed_is_piecewise_constant_by_cell():
+    alpha = _alphas(1, K * K)[0]
+    heat = upsampled_attention(alpha, K, H, W, smooth=False)
+    ch, cw = H // K, W // K
+    for r in range(K):
+        for c in range(K):
+            block = heat[r * ch:(r + 1) * ch, c * cw:(c + 1) * cw]
+            np.testing.assert_allclose(block, alpha[r * K + c])
+
+
+def test_upsampled_attention_rejects_wrong_length():
+    with pytest.raises(CapstackError):
+        upsampled_attention(np.ones(10), K, H, W)
+
+
+# ---------------------------------------------------------------- attention_figure
+
+
+def test_grid_figure_writes_png(tmp_path):
+    out = attention_figure(_image(), ["a", "red", "circle"], _alphas(3, K * K, extra_rows=2),
+                           tmp_path / "att.png", grid=K, title="a red circle")
+    assert out == tmp_path / "att.png"
+    _png_size(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["att.png"]  # no temp files left
+
+
+def test_grid_figure_wraps_long_captions_into_rows(tmp_path):
+    short = attention_figure(_image(), "a red circle".split(), _alphas(3, K * K),
+                             tmp_path / "short.png", grid=K)
+    words = "a red circle on the left side".split()
+    long = attention_figure(_image(), words, _alphas(7, K * K), tmp_path / "long.png", grid=K)
+    (sw, sh), (lw, lh) = _png_size(short), _png_size(long)
+    assert lh > sh
+    assert lw > sw
+
+
+def test_box_figure_writes_png(tmp_path):
+    boxes = np.array([[0, 0, 20, 20], [10, 5, 60, 40], [30, 30, 63, 47]], dtype=np.float32)
+    alphas = _alphas(2, 5)  # two padded locations beyond the three boxes
+    out = attention_figure(_image(), ["a", "dog"], alphas, tmp_path / "sub" / "box.png",
+                           boxes=boxes)
+    _png_size(out)
+
+
+def test_overwrites_existing_output(tmp_path):
+    out = tmp_path / "att.png"
+    out.write_bytes(b"old")
+    attention_figure(_image(), ["a"], _alphas(1, K * K), out, grid=K)
+    _png_size(out)
+
+
+@pytest.mark.parametrize(
+    "kwargs, alphas, match",
+    [
+        ({"grid": K, "boxes": np.zeros((2, 4))}, _alphas(2, K * K), "exactly one"),
+        ({}, _alphas(2, K * K), "exactly one"),
+        ({"grid": K}, _alphas(2, 9), r"\(2, 9\)"),
+        ({"boxes": np.zeros((4, 4))}, _alphas(2, 3), r"\(2, 3\)"),
+        ({"grid": K}, _alphas(1, K * K), "1 rows"),
+    ],
+    ids=["both", "neither", "grid-L", "boxes-L", "few-rows"],
+)
+def test_bad_attention_inputs_raise(tmp_path, kwargs, alphas, match):
+    out = tmp_path / "bad.png"
+    with pytest.raises(CapstackError, match=match):
+        attention_figure(_image(), ["a", "dog"], alphas, out, **kwargs)
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- training_curves
+
+
+def _write_jsonl(path: Path, records: list[dict], extra_lines: tuple[str, ...] = ()) -> Path:
+    lines = [json.dumps(r) for r in records] + list(extra_lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _train_records(n: int = 60) -> list[dict]:
+    return [{"kind": "train", "epoch": s // 20, "step": s, "loss": 4.0 / (1 + s),
+             "lr": 1e-3} for s in range(n)]
+
+
+def test_training_curves_writes_png(tmp_path):
+    val = [{"kind": "val", "epoch": e, "cider": 0.5 + 0.1 * e, "loss": 3.0} for e in range(3)]
+    metrics = _write_jsonl(tmp_path / "metrics.jsonl", _train_records() + val)
+    out = training_curves(metrics, tmp_path / "curves.png")
+    assert out == tmp_path / "curves.png"
+    _png_size(out)
+
+
+def test_training_curves_without_val_lines(tmp_path):
+    metrics = _write_jsonl(tmp_path / "metrics.jsonl", _train_records(5))
+    _png_size(training_curves(metrics, tmp_path / "curves.png"))
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    metrics = _write_jsonl(tmp_path / "metrics.jsonl", _train_records(3), ("{not json",))
+    with pytest.raises(CapstackError, match=r"metrics\.jsonl: line 4"):
+        training_curves(metrics, tmp_path / "curves.png")
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_no_train_lines_raises(tmp_path):
+    metrics = _write_jsonl(tmp_path / "metrics.jsonl", [{"kind": "val", "epoch": 0, "cider": 1.0}])
+    with pytest.raises(CapstackError, match="no training lines"):
+        training_curves(metrics, tmp_path / "curves.png")
+
+
+def test_missing_metrics_file_raises(tmp_path):
+    with pytest.raises(CapstackError, match="not found"):
+        training_curves(tmp_path / "absent.jsonl", tmp_path / "curves.png")

@@ -1,0 +1,330 @@
+"""trainer.metrics and trainer.report: real pycocoevalcap scorers, real Java where present."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipeline.errors import CapstackError
+from trainer import metrics as M
+from trainer import report as R
+
+REFS = {
+    1: ["A dog runs across the green grass.", "A brown dog running on a lawn."],
+    2: ["Two cats sleep on a red sofa.", "A pair of cats napping on a couch."],
+    3: ["A man rides a bike down the street.", "A cyclist on a city road."],
+    4: ["A plate of food with rice and vegetables.", "Dinner served on a white plate."],
+    5: ["A child flies a kite at the beach.", "A kid with a kite by the sea."],
+}
+PERFECT = {k: v[0] for k, v in REFS.items()}
+WORSE = {1: "A cat sits on a table.", 2: "A dog on the grass.", 3: "Food on a plate.",
+         4: "A man with a kite.", 5: "Two people on a street."}
+NUMERIC = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr")
+
+
+def _children() -> set[int]:
+    """Live child processes of this test process (Linux /proc)."""
+    kids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                kids.add(int(entry.name))
+    return kids
+
+
+@pytest.fixture(scope="module")
+def perfect() -> dict:
+    """score() once on identical candidates/references, with Java if the machine has it."""
+    return M.score(PERFECT, REFS)
+
+
+@pytest.fixture
+def no_java(monkeypatch, tmp_path):
+    """PATH without java, so java_missing() reports it and nothing can start Java."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert M.java_missing() == "java not found"
+
+
+# ---------------------------------------------------------------- tokenizing
+
+def test_simple_tokenize_strips_punctuation_and_lowercases():
+    assert M.simple_tokenize('  A Dog, "running"!  On the GRASS... (left); ok? ') == \
+        "a dog running on the grass left ok"
+    assert M.simple_tokenize("A T-shirt -- red.") == "a t-shirt red"
+
+
+def test_tokenize_reports_its_tokenizer():
+    out, name = M.tokenize({7: ["A Dog.", "Two CATS!"]})
+    assert name == ("ptb" if M.java_missing() is None else "simple (java not found)")
+    assert out == {7: ["a dog", "two cats"]}
+
+
+# ---------------------------------------------------------------- score()
+
+def test_identical_captions_score_perfectly(perfect):
+    m = perfect["metrics"]
+    assert set(m) == set(M.ALL_METRICS)
+    for name in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L"):
+        assert m[name] == pytest.approx(1.0, abs=1e-6), name
+    assert m["CIDEr"] > 0
+    assert perfect["images"] == len(PERFECT)
+    if M.java_missing():
+        pytest.skip("java not found: METEOR cannot be checked")
+    assert perfect["tokenizer"] == "ptb"
+    assert m["METEOR"] > 0.9
+
+
+def test_meteor_java_process_is_cleaned_up(perfect):
+    if M.java_missing() or not Path("/proc/self/stat").exists():
+        pytest.skip("needs java and /proc")
+    assert perfect["metrics"]["METEOR"] is not None
+    assert _children() == set()
+
+
+def test_spice_is_unavailable_with_reason_never_a_number(perfect):
+    reason = M.spice_missing()
+    if reason is None:
+        pytest.skip("SPICE jars are installed on this machine")
+    assert perfect["metrics"]["SPICE"] is None
+    assert perfect["unavailable"]["SPICE"] == reason
+    assert "stanford-corenlp-3.6.0.jar" in reason
+    assert str(Path("spice") / "lib") in reason
+
+
+def test_spice_missing_names_files_and_folder(monkeypatch, tmp_path):
+    monkeypatch.setattr(M, "_pkg_dir", lambda: tmp_path)
+    reason = M.spice_missing()
+    for name in ("spice-1.0.jar", "stanford-corenlp-3.6.0.jar",
+                 "stanford-corenlp-3.6.0-models.jar"):
+        assert name in reason
+    assert str(tmp_path / "spice" / "lib") in reason
+    (tmp_path / "spice" / "lib").mkdir(parents=True)
+    for rel in ("spice/spice-1.0.jar", "spice/lib/stanford-corenlp-3.6.0.jar",
+                "spice/lib/stanford-corenlp-3.6.0-models.jar"):
+        (tmp_path / rel).write_bytes(b"")
+    assert M.spice_missing() == (None if M.java_missing() is None else "java not found")
+
+
+def test_spice_not_requested(no_java):
+    out = M.score(PERFECT, REFS, spice=False)
+    assert out["metrics"]["SPICE"] is None
+    assert "not requested" in out["unavailable"]["SPICE"]
+
+
+def test_without_java_meteor_is_none_and_others_still_score(no_java):
+    out = M.score(PERFECT, REFS)
+    assert out["tokenizer"] == "simple (java not found)"
+    assert out["metrics"]["METEOR"] is None
+    assert out["unavailable"]["METEOR"] == "java not found"
+    assert "java not found" in out["unavailable"]["SPICE"]
+    for name in NUMERIC:
+        assert isinstance(out["metrics"][name], float), name
+    assert out["metrics"]["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_worse_captions_score_lower(no_java):
+    good = M.score(PERFECT, REFS)["metrics"]
+    bad = M.score(WORSE, REFS)["metrics"]
+    for name in ("BLEU-1", "BLEU-4", "CIDEr", "ROUGE-L"):
+        assert bad[name] < good[name], name
+
+
+def test_a_failing_scorer_gives_none_with_reason(no_java, monkeypatch):
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    def boom(self, gts, res):
+        raise ValueError("rouge exploded")
+
+    monkeypatch.setattr(Rouge, "compute_score", boom)
+    out = M.score(PERFECT, REFS)
+    assert out["metrics"]["ROUGE-L"] is None
+    assert "rouge exploded" in out["unavailable"]["ROUGE-L"]
+    for name in ("BLEU-1", "BLEU-4", "CIDEr"):
+        assert isinstance(out["metrics"][name], float), name
+
+
+def test_only_candidate_ids_are_scored(no_java):
+    refs = {**REFS, 99: ["an extra image nobody captioned"]}
+    out = M.score(PERFECT, refs)
+    assert out["images"] == len(PERFECT)
+    assert out["metrics"]["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_candidate_without_references_is_an_error():
+    with pytest.raises(CapstackError, match="42"):
+        M.score({1: "a dog", 42: "a cat"}, REFS)
+    with pytest.raises(CapstackError, match="42"):
+        M.cider({42: "a cat"}, REFS)
+
+
+def test_empty_candidates_is_an_error():
+    with pytest.raises(CapstackError):
+        M.score({}, REFS)
+
+
+def test_cider_on_tokenized_text():
+    refs = {k: [M.simple_tokenize(c) for c in v] for k, v in REFS.items()}
+    perfect = M.cider({k: v[0] for k, v in refs.items()}, refs)
+    worse = M.cider({k: M.simple_tokenize(v) for k, v in WORSE.items()}, refs)
+    assert isinstance(perfect, float)
+    assert perfect > worse >= 0
+
+
+# ---------------------------------------------------------------- files
+
+def _write(path: Path, data) -> Path:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("{not json", "not valid JSON"),
+    ({"image_id": 1, "caption": "x"}, "list"),
+    ([{"image_id": 1, "caption": "x"}, {"image_id": 2}], "entry 1"),
+    ([{"image_id": "1", "caption": "x"}], "image_id"),
+    ([{"image_id": 1, "caption": "x"}, {"image_id": 1, "caption": "y"}], "duplicate"),
+])
+def test_load_results_errors_name_the_file(tmp_path, content, problem):
+    path = _write(tmp_path / "results.json", content)
+    with pytest.raises(CapstackError) as err:
+        M.load_results(path)
+    assert str(path) in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_load_results_missing_file(tmp_path):
+    with pytest.raises(CapstackError, match="not found"):
+        M.load_results(tmp_path / "nope.json")
+
+
+def _refs_doc(refs: dict[int, list[str]]) -> dict:
+    return {"images": [{"id": k, "file_name": f"{k}.jpg"} for k in refs],
+            "annotations": [{"image_id": k, "id": k * 10 + j, "caption": c}
+                            for k, caps in refs.items() for j, c in enumerate(caps)]}
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("[]", "annotations"),
+    ({"images": [], "annotations": "x"}, "annotations"),
+    ({"annotations": [{"image_id": 1}]}, "annotation 0"),
+    ({"images": [{"id": 1}], "annotations": [{"image_id": 2, "caption": "x"}]}, "image_id 2"),
+])
+def test_load_references_errors_name_the_file(tmp_path, content, problem):
+    path = _write(tmp_path / "refs_test.json", content)
+    with pytest.raises(CapstackError) as err:
+        M.load_references(path)
+    assert str(path) in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_score_files(tmp_path, no_java):
+    results = _write(tmp_path / "results.json",
+                     [{"image_id": k, "caption": c} for k, c in PERFECT.items()])
+    refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))
+    assert M.load_references(refs) == REFS
+    out = M.score_files(results, refs)
+    assert out["results"] == str(results) and out["references"] == str(refs)
+    assert out["images"] == len(PERFECT)
+    assert out["metrics"]["BLEU-1"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_score_files_unknown_id_names_file_and_id(tmp_path):
+    results = _write(tmp_path / "results.json", [{"image_id": 77, "caption": "a dog"}])
+    refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))
+    with pytest.raises(CapstackError) as err:
+        M.score_files(results, refs)
+    assert "77" in str(err.value) and str(results) in str(err.value)
+
+
+# ---------------------------------------------------------------- report
+
+SCORED = {"BLEU-1": 0.7512, "BLEU-2": 0.5, "BLEU-3": 0.45, "BLEU-4": 0.362,
+          "METEOR": 0.2781, "ROUGE-L": 0.5649, "CIDEr": 1.135, "SPICE": None}
+
+
+def test_metrics_table_percent_one_decimal_and_na():
+    table = R.metrics_table([("Up-Down", SCORED), ("Plain", dict(SCORED, METEOR=None))])
+    assert list(table.columns) == R.COLUMNS
+    first = table.iloc[0]
+    assert first["Approach"] == "Up-Down"
+    assert (first["B@1"], first["B@4"], first["CIDEr"], first["METEOR"]) == (75.1, 36.2, 113.5,
+                                                                            27.8)
+    assert first["SPICE"] == "n/a"
+    assert table.iloc[1]["METEOR"] == "n/a"
+
+
+def _metrics_json(path: Path, approach: str, metrics: dict, unavailable: dict) -> Path:
+    return _write(path, {"approach": approach, "metrics": metrics, "unavailable": unavailable,
+                         "tokenizer": "ptb", "images": 5})
+
+
+def test_write_report(tmp_path):
+    spice_reason = "Stanford CoreNLP jar(s) stanford-corenlp-3.6.0.jar missing: put them in /x/lib"
+    a = _metrics_json(tmp_path / "a.json", "Up-Down", SCORED, {"SPICE": spice_reason})
+    b = _metrics_json(tmp_path / "b.json", "Plain | grid", dict(SCORED, METEOR=None),
+                      {"SPICE": spice_reason, "METEOR": "java not found"})
+    csv_path, md_path = R.write_report([a, b], tmp_path / "out" / "report")
+    assert csv_path == tmp_path / "out" / "report" / "metrics.csv"
+
+    frame = pd.read_csv(csv_path)
+    assert list(frame.columns) == R.COLUMNS
+    assert list(frame["Approach"]) == ["Up-Down", "Plain | grid"]
+    assert frame.loc[0, "B@4"] == 36.2 and frame.loc[0, "CIDEr"] == 113.5
+    assert pd.read_csv(csv_path, keep_default_na=False).loc[0, "SPICE"] == "n/a"
+
+    lines = md_path.read_text().splitlines()
+    assert lines[0] == "| " + " | ".join(R.COLUMNS) + " |"
+    assert lines[1] == "|" + "---|" * len(R.COLUMNS)
+    assert lines[2].startswith("| Up-Down | 75.1 | 50.0 | 45.0 | 36.2 | 27.8 | 56.5 | 113.5 | n/a |")
+    assert "Plain \\| grid" in lines[3]
+    assert [ln for ln in lines if ln.startswith("SPICE:")] == [f"SPICE: n/a — {spice_reason}"]
+    assert "METEOR: n/a — java not found" in lines
+    assert not [p for p in md_path.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_load_metrics_file(tmp_path):
+    path = _metrics_json(tmp_path / "m.json", "Up-Down", SCORED, {})
+    assert R.load_metrics_file(path) == ("Up-Down", SCORED)
+    bad = _write(tmp_path / "bad.json", {"metrics": SCORED})
+    with pytest.raises(CapstackError, match="approach") as err:
+        R.load_metrics_file(bad)
+    assert str(bad) in str(err.value)
+    worse = _write(tmp_path / "worse.json", {"approach": "x", "metrics": {"CIDEr": "high"}})
+    with pytest.raises(CapstackError, match="CIDEr"):
+        R.load_metrics_file(worse)
+
+
+def test_write_report_real_scores(tmp_path, perfect):
+    path = _write(tmp_path / "metrics.json", dict(perfect, approach="copy-refs"))
+    csv_path, md_path = R.write_report([path], tmp_path)
+    assert list(pd.read_csv(csv_path).columns) == R.COLUMNS
+    if perfect["metrics"]["SPICE"] is None:
+        assert "SPICE: n/a — " in md_path.read_text()
+
+
+def test_meteor_failing_mid_score_does_not_hang_or_leak(monkeypatch):
+    """compute_score raising while it holds METEOR's lock: None + reason, Java stopped."""
+    if M.java_missing() or not Path("/proc/self/stat").exists():
+        pytest.skip("needs java and /proc")
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    def boom(self, hypothesis, references):
+        raise RuntimeError("meteor pipe broke")
+
+    monkeypatch.setattr(Meteor, "_stat", boom)
+    out = M.score(PERFECT, REFS, spice=False)
+    assert out["metrics"]["METEOR"] is None
+    assert "meteor pipe broke" in out["unavailable"]["METEOR"]
+    assert out["metrics"]["CIDEr"] > 0
+    import gc
+    gc.collect()  # runs Meteor.__del__, which takes the lock: must not block
+    assert _children() == set()

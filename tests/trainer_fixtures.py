@@ -1,0 +1,71 @@
+"""Small real inputs for trainer tests: shapes captions prepared, and feature stores.
+
+The stores hold random features made to be distinguishable per image, so
+decoders can learn which caption belongs to which image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from pipeline.prepare import prepare_captions
+from pipeline.shapes import write_shapes_dataset
+from pipeline.stores import Record, create_writer
+
+TINY_DECODER = {"embed": 32, "hidden": 32}
+TINY_ATTENTION = {"embed": 32, "hidden": 32, "att_hidden": 16}
+
+
+def tiny_decoder_config(name: str) -> dict:
+    return dict(TINY_ATTENTION if name in ("soft_attention", "hard_attention", "top_down")
+                else TINY_DECODER)
+
+
+def make_prepared(root: Path, n_train=12, n_val=4, n_test=4, seed=3) -> tuple[Path, Path]:
+    """(dataset json, prepared folder) of a tiny shapes dataset."""
+    data = root / "shapes"
+    write_shapes_dataset(data, n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, size=64)
+    prepared = root / "prepared"
+    prepare_captions(data / "dataset_shapes.json", prepared, min_count=1, max_len=16)
+    return data / "dataset_shapes.json", prepared
+
+
+def write_feature_store(path: Path, image_ids, *, kind="grid", rows=4, dim=16, seed=0,
+                        fingerprint="feedbeef", image_root: Path | None = None) -> Path:
+    rng = np.random.default_rng(seed)
+    meta = {"kind": kind, "extractor": "test", "backbone": "none", "weights": "random",
+            "weights_md5": "random", "feature_dim": dim, "dtype": "float16",
+            "fingerprint": fingerprint, "capstack_version": "test"}
+    if kind == "grid":
+        meta["grid"] = int(np.sqrt(rows))
+    if image_root is not None:
+        meta["image_root"] = str(image_root)
+    with create_writer(path, meta) as writer:
+        records = []
+        for i in image_ids:
+            n = rows if kind == "grid" else 2 + int(i) % 3
+            feats = rng.standard_normal((n, dim)).astype(np.float32)
+            boxes = None
+            if kind == "regions":
+                x = rng.uniform(0, 30, (n, 2)).astype(np.float32)
+                boxes = np.concatenate([x, x + 20], 1)
+            records.append((int(i), Record(feats, 64, 64, boxes=boxes,
+                                           scores=np.ones(n, np.float32) if boxes is not None else None,
+                                           classes=np.zeros(n, np.int32) if boxes is not None else None)))
+        writer.write(records)
+        writer.finish()
+    return path
+
+
+def write_experiment(path: Path, *, decoder: str, captions: Path, features: list[Path],
+                     epochs=2, batch_size=4, seq_per_img=2, **train) -> Path:
+    config = {"name": path.stem, "decoder": decoder, "decoder_config": tiny_decoder_config(decoder),
+              "data": {"captions": str(captions), "features": [str(f) for f in features],
+                       "seq_per_img": seq_per_img},
+              "train": {"epochs": epochs, "batch_size": batch_size, "lr": 5e-3, **train},
+              "eval": {"beam_size": 2}}
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -1,0 +1,71 @@
+"""Checkpoints: written atomically, usable on their own, refused on other data.
+
+A checkpoint holds the experiment config, the decoder's name and config, the
+vocabulary and the metadata of the stores it was trained on, besides the
+weights and the optimiser/scheduler/RNG states that make a resume exact.
+Resuming or evaluating against stores, a vocabulary or a decoder config other
+than the checkpoint's is refused, naming the field and both values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.atomic import atomic_file
+from pipeline.errors import CapstackError
+
+FORMAT = "capstack-checkpoint-1"
+
+
+def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: list[dict]) -> dict:
+    """What must match between a checkpoint and the data it is used with."""
+    return {
+        "decoder": decoder,
+        "decoder_config": decoder_config,
+        "vocab": {"size": len(vocab_itow),
+                  "md5": hashlib.md5(json.dumps(vocab_itow).encode()).hexdigest()},
+        "stores": [{"kind": s["kind"], "fingerprint": s["fingerprint"]} for s in stores],
+    }
+
+
+def check_identity(saved: dict, current: dict, path: Path) -> None:
+    """Raise naming the first differing field, e.g. ``stores[0].fingerprint: checkpoint a, now b``."""
+    for field, old, new in _differences(saved, current, ""):
+        raise CapstackError(f"{path}: {field}: the checkpoint has {old!r}, this run has {new!r} "
+                            f"(train a new experiment, or use the checkpoint's data and config)")
+
+
+def _differences(old, new, prefix: str):
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            yield from _differences(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)
+    elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for k, (a, b) in enumerate(zip(old, new)):
+            yield from _differences(a, b, f"{prefix}[{k}]")
+    elif old != new:
+        yield prefix, old, new
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    with atomic_file(path) as tmp:
+        torch.save({"format": FORMAT, **payload}, tmp)
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "best.pt"
+    if not path.is_file():
+        raise CapstackError(f"{path}: checkpoint not found")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated or foreign file: say which
+        raise CapstackError(f"{path}: not a readable checkpoint ({error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CapstackError(f"{path}: not a capstack checkpoint (no {FORMAT!r} format tag)")
+    payload["path"] = str(path)
+    return payload

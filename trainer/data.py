@@ -1,0 +1,256 @@
+"""Feature stores + prepared captions -> batches.
+
+A training batch holds ``B`` images and ``seq_per_img`` captions of each:
+features ``[B, L, D]`` (float16 until on the device), a mask ``[B, L]`` of the
+valid locations (region sets are padded), and captions ``[B*S, T+2]`` as
+``<bos> w1 .. wn <eos> <pad>..``. Batches are read a whole batch per store call
+in the main process (benchmarks/store_reads.py: DataLoader workers cost more
+than they bring). The order of an epoch is a function of (seed, epoch) alone,
+so a resumed run sees exactly the batches the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import h5py
+import numpy as np
+import torch
+
+from pipeline.errors import CapstackError
+from pipeline.stores import open_store
+from pipeline.stores.buffer import BatchBuffer
+from pipeline.stores.pointer import read_pointer
+from pipeline.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, Vocabulary
+
+SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+BUCKET_SPAN = 50
+GEOMETRY_DIM = 5  # batches whose images are sorted by caption length together
+
+
+# --------------------------------------------------------------------------- captions
+
+@dataclass
+class Captions:
+    """What ``capstack prepare`` wrote: vocabulary, caption rows per image, references."""
+
+    folder: Path
+    vocab: Vocabulary
+    labels: np.ndarray  # [captions, max_len] int32, 0-padded
+    lengths: np.ndarray  # [captions]
+    label_start: np.ndarray  # [images] first caption row
+    label_end: np.ndarray  # [images] one past the last
+    image_ids: np.ndarray  # [images]
+    split: np.ndarray  # [images] 0 train, 1 val, 2 test
+
+    def rows(self, split: str) -> np.ndarray:
+        return np.flatnonzero(self.split == SPLIT_CODES[split])
+
+    def references_path(self, split: str) -> Path:
+        return self.folder / f"refs_{split}.json"
+
+    def vocab_digest(self) -> str:
+        return hashlib.md5(json.dumps(self.vocab.itow).encode()).hexdigest()
+
+
+def load_captions(folder: str | Path) -> Captions:
+    folder = Path(folder)
+    vocab_path, h5_path = folder / "vocab.json", folder / "captions.h5"
+    for path in (vocab_path, h5_path):
+        if not path.is_file():
+            raise CapstackError(f"{path}: not found (run `capstack prepare` to write {folder})")
+    try:
+        with h5py.File(h5_path, "r") as f:
+            arrays = {k: f[k][()] for k in ("labels", "lengths", "label_start", "label_end",
+                                            "image_ids", "split")}
+    except (OSError, KeyError) as error:
+        raise CapstackError(f"{h5_path}: not a prepared captions file ({error})") from None
+    return Captions(folder, Vocabulary.load(vocab_path), **arrays)
+
+
+def caption_tensor(labels: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+    """[N, max_len] word ids -> [N, max_len + 2]: <bos> words <eos> <pad>..."""
+    n, max_len = labels.shape
+    out = np.full((n, max_len + 2), PAD, np.int64)
+    out[:, 0] = BOS
+    out[:, 1:max_len + 1] = labels
+    out[np.arange(n), 1 + lengths] = EOS
+    return torch.from_numpy(out)
+
+
+# --------------------------------------------------------------------------- features
+
+class Features:
+    """One or more stores read as one set of locations per image (concatenated along L)."""
+
+    def __init__(self, paths: Sequence[str | Path], max_regions: int = 0,
+                 box_geometry: bool = False):
+        self.paths = [read_pointer(p) for p in paths]
+        self.stores = [open_store(p) for p in self.paths]
+        self.max_regions = max_regions
+        self.box_geometry = box_geometry
+        if box_geometry and any(s.kind != "regions" for s in self.stores):
+            raise CapstackError("data.box_geometry: only region stores have boxes "
+                                f"({', '.join(f'{p}: {s.kind}' for p, s in zip(self.paths, self.stores))})")
+        dims = {s.feature_dim + (GEOMETRY_DIM if box_geometry else 0) for s in self.stores}
+        if len(dims) > 1:
+            raise CapstackError(f"stores {', '.join(map(str, self.paths))}: feature dims differ "
+                                f"({sorted(dims)}); stores read together need one dim")
+        self.feature_dim = dims.pop()
+        self.buffers = [BatchBuffer() for _ in self.stores]
+
+    @property
+    def kinds(self) -> list[str]:
+        return [s.kind for s in self.stores]
+
+    @property
+    def grid_size(self) -> int | None:
+        """k when the features are one k x k grid store (for attention pictures)."""
+        if len(self.stores) == 1 and self.stores[0].kind == "grid":
+            return int(self.stores[0].meta["grid"])
+        return None
+
+    def describe(self) -> list[dict]:
+        """What a checkpoint records of the stores it was trained on."""
+        return [{"path": str(s.path), "fingerprint": s.meta["fingerprint"], "kind": s.kind,
+                 "backbone": s.meta.get("backbone"), "feature_dim": s.feature_dim}
+                for s in self.stores]
+
+    def missing(self, image_ids: Sequence[int]) -> tuple[Path, int] | None:
+        for store in self.stores:
+            lacking = store.missing(image_ids)
+            if lacking:
+                return store.path, lacking[0]
+        return None
+
+    def read(self, image_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """features [B, L, D] float16 (a view of a reused buffer), mask [B, L], boxes or None."""
+        parts, masks, boxes = [], [], []
+        for store, buffer in zip(self.stores, self.buffers):
+            batch = store.read_batch(image_ids, max_rows=self.max_regions or None, allocate=buffer)
+            feats = torch.from_numpy(batch.features)
+            if self.box_geometry:
+                feats = torch.cat([feats, box_geometry(batch).to(feats.dtype)], 2)
+            parts.append(feats)
+            masks.append(torch.from_numpy(batch.mask))
+            if batch.boxes is not None:
+                boxes.append(torch.from_numpy(batch.boxes))
+        if len(parts) == 1:
+            return parts[0], masks[0], boxes[0] if boxes else None
+        return torch.cat(parts, 1), torch.cat(masks, 1), None
+
+
+def box_geometry(batch) -> torch.Tensor:
+    """[B, N, 5]: each box as fractions of its image, and its area fraction (Anderson et al.'s
+    spatial features); what lets attention over regions tell left from right."""
+    boxes = torch.from_numpy(batch.boxes)  # [B, N, 4] image pixels
+    hw = torch.from_numpy(batch.hw).float()  # [B, 2]
+    scale = torch.stack([hw[:, 1], hw[:, 0], hw[:, 1], hw[:, 0]], 1)[:, None]  # [B, 1, 4]
+    rel = boxes / scale
+    area = (rel[..., 2] - rel[..., 0]) * (rel[..., 3] - rel[..., 1])
+    return torch.cat([rel, area[..., None]], 2) * torch.from_numpy(batch.mask)[..., None]
+
+
+# --------------------------------------------------------------------------- batches
+
+@dataclass
+class TrainBatch:
+    image_ids: list[int]
+    feats: torch.Tensor  # [B, L, D]
+    mask: torch.Tensor  # [B, L] bool
+    captions: torch.Tensor  # [B*S, T+2] long
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return TrainBatch(self.image_ids, self.feats.to(device, torch.float32, non_blocking=True),
+                          self.mask.to(device, non_blocking=True),
+                          self.captions.to(device, non_blocking=True))
+
+
+@dataclass
+class EvalBatch:
+    image_ids: list[int]
+    feats: torch.Tensor
+    mask: torch.Tensor
+    boxes: torch.Tensor | None
+
+    def to(self, device: torch.device) -> "EvalBatch":
+        return EvalBatch(self.image_ids, self.feats.to(device, torch.float32),
+                         self.mask.to(device), self.boxes)
+
+
+class TrainBatches:
+    """The train split's batches, epoch by epoch, in an order fixed by (seed, epoch)."""
+
+    def __init__(self, captions: Captions, features: Features, *, batch_size: int,
+                 seq_per_img: int, seed: int, bucket_by_length: bool = False, split: str = "train"):
+        self.captions, self.features = captions, features
+        self.rows = captions.rows(split)
+        if len(self.rows) == 0:
+            raise CapstackError(f"{captions.folder}: the {split} split has no images")
+        self.batch_size, self.seq_per_img = batch_size, seq_per_img
+        self.seed, self.bucket = seed, bucket_by_length
+        self.all_captions = caption_tensor(captions.labels, captions.lengths)
+
+    def __len__(self) -> int:
+        return -(-len(self.rows) // self.batch_size)
+
+    def order(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches as arrays of image rows."""
+        rng = np.random.default_rng([self.seed, epoch])
+        rows = rng.permutation(self.rows)
+        if not self.bucket:
+            return np.array_split(rows, range(self.batch_size, len(rows), self.batch_size))
+        c = self.captions
+        mean_len = (np.add.reduceat(c.lengths, c.label_start[rows]) /
+                    (c.label_end[rows] - c.label_start[rows])) if len(rows) else rows
+        span = self.batch_size * BUCKET_SPAN
+        batches = []
+        for start in range(0, len(rows), span):
+            chunk = rows[start:start + span][np.argsort(mean_len[start:start + span], kind="stable")]
+            batches += np.array_split(chunk, range(self.batch_size, len(chunk), self.batch_size))
+        return [batches[k] for k in rng.permutation(len(batches))]
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[TrainBatch]:
+        for index, rows in enumerate(self.order(epoch)):
+            if index >= start:
+                yield self.batch(rows, np.random.default_rng([self.seed, epoch, index]))
+
+    def batch(self, rows: np.ndarray, rng: np.random.Generator) -> TrainBatch:
+        image_ids = self.captions.image_ids[rows].tolist()
+        feats, mask, _ = self.features.read(image_ids)
+        picked = [self.pick_captions(r, rng) for r in rows]
+        captions = self.all_captions[np.concatenate(picked)]
+        return TrainBatch(image_ids, feats, mask, captions)
+
+    def pick_captions(self, row: int, rng: np.random.Generator) -> np.ndarray:
+        """``seq_per_img`` of the image's caption rows: without replacement when it has enough."""
+        start, end = int(self.captions.label_start[row]), int(self.captions.label_end[row])
+        n, s = end - start, self.seq_per_img
+        if n == 0:
+            raise CapstackError(f"{self.captions.folder}: image {self.captions.image_ids[row]} "
+                                f"has no captions")
+        return start + (rng.choice(n, s, replace=False) if n >= s else rng.choice(n, s))
+
+
+def eval_batches(captions: Captions, features: Features, split: str, batch_size: int,
+                 limit: int = 0) -> Iterator[EvalBatch]:
+    """The split's images in prepared order (the first ``limit`` when > 0)."""
+    ids = captions.image_ids[captions.rows(split)].tolist()
+    ids = ids[:limit] if limit else ids
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start:start + batch_size]
+        feats, mask, boxes = features.read(chunk)
+        yield EvalBatch(chunk, feats.clone(), mask.clone(), boxes)
+
+
+def check_coverage(captions: Captions, features: Features) -> None:
+    """Training refuses to start on stores that lack an image of the captions."""
+    gap = features.missing(captions.image_ids.tolist())
+    if gap:
+        store, image_id = gap
+        raise CapstackError(f"{store}: lacks image {image_id} of {captions.folder} "
+                            f"(extracted from another dataset?)")

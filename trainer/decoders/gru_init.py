@@ -1,0 +1,48 @@
+"""A GRU whose initial state is the projected image feature (the GRU baseline report).
+
+``h_0 = W_I mean(v)``: the image enters only through the initial state, and
+the GRU's update gate keeps gradients from vanishing along the caption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from trainer.decoders import DECODERS
+from trainer.decoders.base import Context, Decoder, State
+from trainer.modules.pooling import masked_mean
+
+
+@dataclass
+class GRUInitConfig:
+    embed: int = 512
+    hidden: int = 512
+    dropout: float = 0.5
+
+
+@DECODERS.register("gru_init")
+class GRUInit(Decoder):
+    """GRU whose initial state is the projected mean image feature (the GRU baseline)."""
+
+    Config = GRUInitConfig
+    has_attention = False
+
+    def __init__(self, config: GRUInitConfig, vocab_size: int, feature_dim: int):
+        super().__init__(config, vocab_size, feature_dim)
+        self.init_proj = nn.Linear(feature_dim, config.hidden)
+        self.word_embed = nn.Embedding(vocab_size, config.embed)
+        self.gru = nn.GRUCell(config.embed, config.hidden)
+        self.dropout = nn.Dropout(config.dropout)
+        self.out = nn.Linear(config.hidden, vocab_size)
+
+    def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        return {"h0": self.init_proj(masked_mean(feats, mask))}  # [B, H]
+
+    def init_state(self, ctx: Context) -> State:
+        return (ctx["h0"],)
+
+    def step(self, words: Tensor, state: State, ctx: Context):
+        h = self.gru(self.dropout(self.word_embed(words)), state[0])  # [N, H]
+        return self.out(self.dropout(h)), (h,), None

@@ -1,0 +1,85 @@
+"""Show, Attend and Tell, stochastic "hard" attention.
+
+In training, one location is sampled per step, s_t ~ Multinoulli(alpha_t), and
+z_t = beta_t * a_{s_t}. The gradient is the paper's estimator:
+
+    d log p(y|s)/dW + lambda_r (log p(y|s) - b) d log p(s)/dW + lambda_e dH[s]/dW
+
+with the moving-average baseline b_k = 0.9 b_{k-1} + 0.1 log p(y|s_k) (a buffer,
+so it is checkpointed). At test time the expected context is used, as the
+paper does (the soft decoder's step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trainer.decoders import DECODERS
+from trainer.decoders.base import DecoderOutput, expand_context
+from trainer.decoders.soft_attention import SoftAttention, SoftAttentionConfig
+
+
+@dataclass
+class HardAttentionConfig(SoftAttentionConfig):
+    doubly_stochastic: float = 0.0
+    reinforce: float = 1.0  # lambda_r
+    entropy: float = 0.01  # lambda_e
+    baseline_decay: float = 0.9
+
+
+@DECODERS.register("hard_attention")
+class HardAttention(SoftAttention):
+    """Show-Attend-Tell hard attention: a sampled location per step, REINFORCE with a moving-average baseline."""
+
+    Config = HardAttentionConfig
+
+    def __init__(self, config: HardAttentionConfig, vocab_size: int, feature_dim: int):
+        super().__init__(config, vocab_size, feature_dim)
+        self.register_buffer("baseline", torch.zeros(()))
+
+    def forward(self, feats: Tensor, mask: Tensor, captions: Tensor, seq_per_img: int = 1,
+                sample_prob: float = 0.0) -> DecoderOutput:
+        if not self.training:
+            return super().forward(feats, mask, captions, seq_per_img, sample_prob)
+        ctx = expand_context(self.encode(feats, mask), seq_per_img)
+        state = self.init_state(ctx)
+        logits, alphas, location_logp, entropy = [], [], [], []
+        for t in range(captions.shape[1] - 1):
+            words = captions[:, t]
+            if t > 0 and sample_prob > 0:
+                words = self._scheduled_words(words, logits[-1], sample_prob)
+            alpha, beta = self.attend(state[0], ctx)
+            location = torch.multinomial(alpha.detach().float(), 1)  # [N, 1]
+            z = beta * ctx["feats"].gather(
+                1, location[:, :, None].expand(-1, 1, ctx["feats"].shape[2])).squeeze(1)
+            step_logits, state = self.advance(words, state, z)
+            log_alpha = torch.log(alpha.clamp(min=1e-12))
+            logits.append(step_logits)
+            alphas.append(alpha)
+            location_logp.append(log_alpha.gather(1, location).squeeze(1))  # log p(s_t)
+            entropy.append(-(alpha * log_alpha).sum(1))  # H[s_t]
+        return DecoderOutput(torch.stack(logits, 1), torch.stack(alphas, 1),
+                             {"location_logp": torch.stack(location_logp, 1),
+                              "entropy": torch.stack(entropy, 1)})
+
+    def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                    loc_mask: Tensor) -> Tensor:
+        loss = super().regularizer(output, targets, target_mask, loc_mask)
+        if "location_logp" not in output.extras:  # evaluation: the expected context
+            return loss
+        c = self.config
+        mask = target_mask.float()
+        token_logp = -F.cross_entropy(output.logits.transpose(1, 2).float(), targets,
+                                      reduction="none")  # [N, T]
+        sentence_logp = (token_logp * mask).sum(1).detach()  # log p(y | s), [N]
+        advantage = sentence_logp - self.baseline
+        locations = (output.extras["location_logp"] * mask).sum(1)  # log p(s), [N]
+        entropy = (output.extras["entropy"] * mask).sum(1)
+        loss = loss - (c.reinforce * advantage * locations).mean() - c.entropy * entropy.mean()
+        with torch.no_grad():
+            self.baseline.mul_(c.baseline_decay).add_((1 - c.baseline_decay) * sentence_logp.mean())
+        return loss

@@ -1,0 +1,54 @@
+"""Show and Tell (Vinyals et al. 2015): an LSTM whose first input is the image.
+
+The mean-pooled feature, embedded like a word, is fed once before ``<bos>``
+(step t = -1); the words follow. Stack-Cap's "LSTM" baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from trainer.decoders import DECODERS
+from trainer.decoders.base import Context, Decoder, State
+from trainer.modules.pooling import masked_mean
+
+
+@dataclass
+class ShowTellConfig:
+    embed: int = 512
+    hidden: int = 512
+    layers: int = 1
+    dropout: float = 0.5
+
+
+@DECODERS.register("show_tell")
+class ShowTell(Decoder):
+    """One-layer LSTM fed the mean-pooled image feature first (Stack-Cap's LSTM baseline)."""
+
+    Config = ShowTellConfig
+    has_attention = False
+
+    def __init__(self, config: ShowTellConfig, vocab_size: int, feature_dim: int):
+        super().__init__(config, vocab_size, feature_dim)
+        self.image_embed = nn.Linear(feature_dim, config.embed)
+        self.word_embed = nn.Embedding(vocab_size, config.embed)
+        self.lstm = nn.LSTM(config.embed, config.hidden, config.layers, batch_first=True,
+                            dropout=config.dropout if config.layers > 1 else 0.0)
+        self.dropout = nn.Dropout(config.dropout)
+        self.out = nn.Linear(config.hidden, vocab_size)
+
+    def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        return {"image": self.image_embed(masked_mean(feats, mask))}  # [B, E]
+
+    def init_state(self, ctx: Context) -> State:
+        _, (h, c) = self.lstm(self.dropout(ctx["image"])[:, None])  # t = -1: the image
+        return h.transpose(0, 1), c.transpose(0, 1)  # [N, layers, H] each
+
+    def step(self, words: Tensor, state: State, ctx: Context):
+        h, c = (s.transpose(0, 1).contiguous() for s in state)
+        out, (h, c) = self.lstm(self.dropout(self.word_embed(words))[:, None], (h, c))
+        logits = self.out(self.dropout(out[:, 0]))  # [N, V]
+        return logits, (h.transpose(0, 1), c.transpose(0, 1)), None

@@ -1,0 +1,91 @@
+"""Show, Attend and Tell (Xu et al. 2015), deterministic "soft" attention.
+
+Per step, with h_{t-1} the previous hidden state:
+
+    e_ti = f_att(a_i, h_{t-1}),  alpha_t = softmax(e_t)
+    beta_t = sigmoid(f_beta(h_{t-1}))             gating scalar
+    z_t = beta_t * sum_i alpha_ti a_i             expected context
+    h_t, c_t = LSTM([E y_{t-1}; z_t], h_{t-1}, c_{t-1})
+    p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))      deep output layer
+
+with c_0 = f_init,c(mean a), h_0 = f_init,h(mean a), and the doubly stochastic
+penalty  lambda * sum_i (1 - sum_t alpha_ti)^2  added to the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from trainer.decoders import DECODERS
+from trainer.decoders.base import Context, Decoder, DecoderOutput, State
+from trainer.modules.attention import AdditiveAttention
+from trainer.modules.pooling import masked_mean
+
+
+@dataclass
+class SoftAttentionConfig:
+    embed: int = 512
+    hidden: int = 512
+    att_hidden: int = 512
+    dropout: float = 0.5
+    doubly_stochastic: float = 1.0  # lambda
+    gate: bool = True  # the gating scalar beta
+
+
+@DECODERS.register("soft_attention")
+class SoftAttention(Decoder):
+    """Show-Attend-Tell soft attention: f_att over h_{t-1}, gate beta, deep output, doubly stochastic penalty."""
+
+    Config = SoftAttentionConfig
+
+    def __init__(self, config: SoftAttentionConfig, vocab_size: int, feature_dim: int):
+        super().__init__(config, vocab_size, feature_dim)
+        e, h = config.embed, config.hidden
+        self.attention = AdditiveAttention(feature_dim, h, config.att_hidden)
+        self.init_h = nn.Sequential(nn.Linear(feature_dim, h), nn.Tanh())  # f_init,h
+        self.init_c = nn.Sequential(nn.Linear(feature_dim, h), nn.Tanh())  # f_init,c
+        self.gate = nn.Linear(h, 1) if config.gate else None  # f_beta
+        self.word_embed = nn.Embedding(vocab_size, e)  # E
+        self.lstm = nn.LSTMCell(e + feature_dim, h)
+        self.out_h = nn.Linear(h, e)  # L_h
+        self.out_z = nn.Linear(feature_dim, e)  # L_z
+        self.out = nn.Linear(e, vocab_size)  # L_o
+        self.dropout = nn.Dropout(config.dropout)
+
+    def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
+                "mean": masked_mean(feats, mask)}
+
+    def init_state(self, ctx: Context) -> State:
+        return self.init_h(ctx["mean"]), self.init_c(ctx["mean"])
+
+    def attend(self, h: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
+        """-> alpha [N, L] and the gate beta [N, 1] (1 without the gate)."""
+        _, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h)
+        beta = torch.sigmoid(self.gate(h)) if self.gate is not None else h.new_ones(h.shape[0], 1)
+        return alpha, beta
+
+    def advance(self, words: Tensor, state: State, z: Tensor) -> tuple[Tensor, State]:
+        """The LSTM step and the deep output layer, given the context z [N, D]."""
+        embedded = self.word_embed(words)  # [N, E]
+        h, c = self.lstm(torch.cat([self.dropout(embedded), z], 1), state)
+        logits = self.out(self.dropout(embedded + self.out_h(h) + self.out_z(z)))  # [N, V]
+        return logits, (h, c)
+
+    def step(self, words: Tensor, state: State, ctx: Context):
+        alpha, beta = self.attend(state[0], ctx)
+        z = beta * torch.bmm(alpha[:, None], ctx["feats"]).squeeze(1)  # [N, D]
+        logits, state = self.advance(words, state, z)
+        return logits, state, alpha
+
+    def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                    loc_mask: Tensor) -> Tensor:
+        """lambda * sum_i (1 - sum_t alpha_ti)^2 over valid steps and locations, mean over captions."""
+        if not self.config.doubly_stochastic:
+            return super().regularizer(output, targets, target_mask, loc_mask)
+        attended = (output.alphas * target_mask[:, :, None]).sum(1)  # [N, L]
+        penalty = ((1 - attended) ** 2 * loc_mask).sum(1)  # [N]
+        return self.config.doubly_stochastic * penalty.mean()

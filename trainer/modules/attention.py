@@ -1,0 +1,32 @@
+"""Additive (Bahdanau-style) attention over a set of feature vectors.
+
+Show-Attend-Tell's f_att and Top-Down's eq. (3) are the same function:
+``a_i = w_a^T tanh(W_va v_i + W_ha h)``, ``alpha = softmax(a)``,
+``v_hat = sum_i alpha_i v_i``. ``W_va v_i`` does not depend on the step, so it
+is computed once per image (:meth:`project`) and reused at every step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class AdditiveAttention(nn.Module):
+    def __init__(self, feature_dim: int, query_dim: int, hidden: int):
+        super().__init__()
+        self.feature_proj = nn.Linear(feature_dim, hidden)  # W_va
+        self.query_proj = nn.Linear(query_dim, hidden, bias=False)  # W_ha
+        self.score = nn.Linear(hidden, 1, bias=False)  # w_a
+
+    def project(self, feats: Tensor) -> Tensor:
+        return self.feature_proj(feats)  # [N, L, D] -> [N, L, A]
+
+    def forward(self, projected: Tensor, feats: Tensor, mask: Tensor,
+                query: Tensor) -> tuple[Tensor, Tensor]:
+        """-> context [N, D], alpha [N, L] (0 on masked locations)."""
+        scores = self.score(torch.tanh(projected + self.query_proj(query)[:, None]))  # [N, L, 1]
+        scores = scores.squeeze(2).masked_fill(~mask, float("-inf"))
+        alpha = torch.softmax(scores, dim=1)  # [N, L]
+        context = torch.bmm(alpha[:, None], feats).squeeze(1)  # [N, D]
+        return context, alpha

@@ -1,0 +1,117 @@
+"""The papers' comparison table: one row per approach, metrics in percent."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.atomic import atomic_file
+from pipeline.errors import CapstackError, where
+from trainer.metrics import ALL_METRICS
+
+COLUMNS = ["Approach", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE"]
+NA = "n/a"
+
+# table column -> metric name in score()'s "metrics" dict
+_METRIC_OF = dict(zip(COLUMNS[1:], ALL_METRICS))
+
+
+def _percent(value: Any) -> float | str:
+    """0.362 -> 36.2 (papers report every metric, CIDEr included, x100); None/NaN -> "n/a"."""
+    if value is None or not math.isfinite(float(value)):
+        return NA
+    return round(float(value) * 100, 1)
+
+
+def metrics_table(rows: list[tuple[str, dict]]) -> pd.DataFrame:
+    """One row per (approach, score()["metrics"]); columns exactly COLUMNS."""
+    records = [[approach] + [_percent(metrics.get(_METRIC_OF[c])) for c in COLUMNS[1:]]
+               for approach, metrics in rows]
+    return pd.DataFrame(records, columns=COLUMNS, dtype=object)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _read_metrics_doc(path: str | Path) -> dict:
+    """The whole metrics.json written by evaluate, checked."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CapstackError(f"{where(path)}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise CapstackError(f"{where(path)}: not valid JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CapstackError(f"{where(path)}: cannot read: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CapstackError(f"{where(path)}: expected a JSON object")
+    if not isinstance(doc.get("approach"), str) or not doc["approach"]:
+        raise CapstackError(f"{where(path, 'approach')}: missing or not a non-empty string")
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, dict):
+        raise CapstackError(f"{where(path, 'metrics')}: missing or not an object")
+    for name, value in metrics.items():
+        if value is not None and not _is_number(value):
+            raise CapstackError(f"{where(path, f'metrics.{name}')}: must be a number or null, "
+                                f"got {value!r}")
+    unavailable = doc.get("unavailable", {})
+    if not isinstance(unavailable, dict) or not all(
+            isinstance(v, str) for v in unavailable.values()):
+        raise CapstackError(f"{where(path, 'unavailable')}: must map metric names to reasons")
+    return doc
+
+
+def load_metrics_file(path: str | Path) -> tuple[str, dict]:
+    """(approach, its "metrics" dict) from an evaluate metrics.json; ready for metrics_table."""
+    doc = _read_metrics_doc(path)
+    return doc["approach"], doc["metrics"]
+
+
+def _unavailable_lines(docs: list[dict]) -> list[str]:
+    """One line per metric missing in any run, reasons deduplicated, in ALL_METRICS order."""
+    reasons: dict[str, list[str]] = {}
+    for doc in docs:
+        for name in ALL_METRICS:
+            if doc["metrics"].get(name) is None or name in doc.get("unavailable", {}):
+                reason = doc.get("unavailable", {}).get(name, "no value recorded")
+                if reason not in reasons.setdefault(name, []):
+                    reasons[name].append(reason)
+    return [f"{name}: {NA} — {'; '.join(reasons[name])}"
+            for name in ALL_METRICS if name in reasons]
+
+
+def _cell(value: Any) -> str:
+    text = f"{value:.1f}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(table: pd.DataFrame, notes: list[str]) -> str:
+    """A Markdown table (header, |---| row, rows), then one note line per unavailable metric."""
+    lines = ["| " + " | ".join(table.columns) + " |",
+             "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |"
+              for row in table.itertuples(index=False)]
+    if notes:
+        lines += [""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
+    """Write out_dir/metrics.csv and out_dir/metrics.md (atomically) from metrics.json files."""
+    if not metric_files:
+        raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
+    docs = [_read_metrics_doc(p) for p in metric_files]
+    table = metrics_table([(d["approach"], d["metrics"]) for d in docs])
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"
+    with atomic_file(csv_path) as tmp:
+        table.to_csv(tmp, index=False)
+    with atomic_file(md_path) as tmp:
+        Path(tmp).write_text(markdown(table, _unavailable_lines(docs)), encoding="utf-8")
+    return csv_path, md_path
