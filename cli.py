@@ -214,7 +214,10 @@ def decoders_cmd():
               help="The run folder: checkpoints, metrics log; an existing run resumes.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
               help="Override a value of the experiment file, e.g. train.epochs=3.")
-def train_cmd(experiment, out_dir, overrides):
+@click.option("--restart-on-change", is_flag=True,
+              help="When OUT holds a run of other data or decoder config, move it to OUT.old "
+                   "and start afresh (instead of refusing).")
+def train_cmd(experiment, out_dir, overrides, restart_on_change):
     """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says."""
     import logging
 
@@ -226,7 +229,7 @@ def train_cmd(experiment, out_dir, overrides):
     config = load_experiment(experiment, list(overrides))
     if java_missing():
         click.echo("note: METEOR will be n/a at evaluation (java not found)")
-    r = train(config, out_dir)
+    r = train(config, out_dir, restart_on_change=restart_on_change)
     resumed = f", resumed at epoch {r.resumed_at[0] + 1}" if r.resumed_at else ""
     click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val CIDEr "
                f"{r.best_cider:.3f} (greedy) at epoch {r.best_epoch + 1} -> {out_dir}/best.pt")

@@ -210,3 +210,18 @@ def test_decoders_command_lists_one_per_line(capstack):
     lines = capstack("decoders").output.strip().splitlines()
     assert [line.split()[0] for line in lines] == sorted(
         ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down"])
+
+
+def test_restart_on_change_moves_the_old_run_aside(data, tmp_path):
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="gru_init", captions=prepared,
+                            features=[grid], epochs=1)
+    train(load_experiment(path), tmp_path / "run", progress=False)
+    changed = load_experiment(path, ["decoder_config.hidden=16"])
+    with pytest.raises(CapstackError, match="decoder_config.hidden"):
+        train(changed, tmp_path / "run", progress=False)
+    result = train(changed, tmp_path / "run", progress=False, restart_on_change=True)
+    assert result.resumed_at is None and result.epochs == 1
+    old = torch.load(tmp_path / "run.old" / "last.pt", weights_only=True)
+    new = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert (old["identity"]["decoder_config"]["hidden"], new["identity"]["decoder_config"]["hidden"]) == (32, 16)

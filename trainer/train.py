@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import pipeline
-from pipeline.atomic import atomic_file
+from pipeline.atomic import atomic_file, replace_path
 from pipeline.errors import CapstackError
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
@@ -213,13 +213,29 @@ class Run:
         return cider
 
 
-def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = True) -> TrainResult:
-    """Train (or resume) the experiment in ``out_dir`` until ``config.train.epochs``."""
+def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = True,
+          restart_on_change: bool = False) -> TrainResult:
+    """Train (or resume) the experiment in ``out_dir`` until ``config.train.epochs``.
+
+    A run folder whose checkpoint has other stores, vocabulary or decoder config
+    is refused; with ``restart_on_change`` it is moved to ``<out_dir>.old``
+    (replacing an earlier one) and training starts afresh: what a stage wants
+    when its experiment file changed.
+    """
     started = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     run = Run(config, out_dir)
-    resumed_at = run.resume()
+    try:
+        resumed_at = run.resume()
+    except CapstackError as error:
+        if not restart_on_change or not (out_dir / "last.pt").is_file():
+            raise
+        log.warning("%s; starting afresh, the old run moved to %s.old", error, out_dir)
+        replace_path(out_dir, out_dir.with_name(out_dir.name + ".old"))
+        out_dir.mkdir()
+        run = Run(config, out_dir)
+        resumed_at = None
     with atomic_file(out_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(config.to_dict(), indent=1) + "\n")
     while run.epoch < config.train.epochs:
