@@ -27,7 +27,8 @@ NUMERIC = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr")
 
 
 def _children() -> set[int]:
-    """Live child processes of this test process (Linux /proc)."""
+    """Live java child processes of this test process (Linux /proc); other tests' helpers
+    (DataLoader workers, multiprocessing pools) are not METEOR's business."""
     kids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -36,7 +37,7 @@ def _children() -> set[int]:
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            if int(fields[1]) == os.getpid() and fields[0] != "Z" and "java" in stat:
                 kids.add(int(entry.name))
     return kids
 

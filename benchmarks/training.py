@@ -1,0 +1,140 @@
+"""Training step time and beam-search throughput, printed with ratios.
+
+- XE training steps of ``top_down`` (hidden 512, 36x2048 regions, 50 images x 5
+  captions) and ``soft_attention`` (196x2048 grid, 10 images x 5 captions), with
+  the store reads included (TrainBatches over a real LMDB store) and excluded
+  (one batch reused), and AMP on/off on a GPU.
+- beam search (K = 5) captions/s, all images x beams in one batch, against a loop
+  over one image at a time of the same code.
+
+    python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--images 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from pipeline.stores import Record, create_writer  # noqa: E402
+from trainer.data import Captions, Features, TrainBatches  # noqa: E402
+from trainer.decode import beam_search  # noqa: E402
+from trainer.decoders import build_decoder  # noqa: E402
+from trainer.train import xe_loss  # noqa: E402
+from pipeline.vocab import Vocabulary  # noqa: E402
+
+VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
+CAPTION_LEN = 16
+
+
+def synthetic_captions(n_images: int, rng) -> Captions:
+    lengths = rng.integers(8, CAPTION_LEN, n_images * 5).astype(np.int32)
+    labels = np.zeros((n_images * 5, CAPTION_LEN), np.int32)
+    for k, n in enumerate(lengths):
+        labels[k, :n] = rng.integers(4, VOCAB, n)
+    starts = np.arange(n_images) * 5
+    return Captions(Path("."), Vocabulary([f"w{i}" for i in range(VOCAB - 4)]), labels, lengths,
+                    starts, starts + 5, np.arange(n_images), np.zeros(n_images, np.uint8))
+
+
+def synthetic_store(path: Path, n_images: int, rows: int, dim: int, kind: str, rng) -> Path:
+    meta = {"kind": kind, "extractor": "benchmark", "backbone": "none", "weights": "random",
+            "weights_md5": "random", "feature_dim": dim, "dtype": "float16",
+            "fingerprint": "bench", "capstack_version": "bench"}
+    block = np.abs(rng.standard_normal((rows, dim))).astype(np.float16)
+    boxes = np.tile(np.array([[0, 0, 10, 10]], np.float32), (rows, 1)) if kind == "regions" else None
+    extra = ({"boxes": boxes, "scores": np.ones(rows, np.float32),
+              "classes": np.zeros(rows, np.int32)} if boxes is not None else {})
+    with create_writer(path, meta) as w:
+        for start in range(0, n_images, 50):
+            w.write([(i, Record(block, 100, 100, **extra))
+                     for i in range(start, min(n_images, start + 50))])
+        w.finish()
+    return path
+
+
+def step_time(model, batches, device, steps: int, reuse_batch: bool, amp: bool) -> float:
+    """Seconds per optimiser step, the first (warm-up) step excluded."""
+    opt = torch.optim.Adam(model.parameters(), lr=4e-4)
+    cast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext()
+    it = batches.epoch(0)
+    fixed = next(it).to(device)
+    times = []
+    for _ in range(steps + 1):
+        started = time.perf_counter()
+        batch = fixed if reuse_batch else next(it).to(device)
+        captions = batch.captions
+        with cast:
+            out = model(batch.feats, batch.mask, captions, 5)
+        loss = xe_loss(out.logits, captions[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return float(np.mean(times[1:]))
+
+
+def beam_rates(model, feats, mask, device) -> tuple[float, float]:
+    model.eval()
+    with torch.no_grad():
+        started = time.perf_counter()
+        beam_search(model, model.encode(feats, mask), 5, CAPTION_LEN)
+        batched = len(feats) / (time.perf_counter() - started)
+        started = time.perf_counter()
+        for k in range(len(feats)):
+            beam_search(model, model.encode(feats[k:k + 1], mask[k:k + 1]), 5, CAPTION_LEN)
+        single = len(feats) / (time.perf_counter() - started)
+    return batched, single
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--beam-images", type=int, default=100)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    rng = np.random.default_rng(0)
+    setups = [("top_down", 36, "regions", 50), ("soft_attention", 196, "grid", 10)]
+    amps = [False, True] if device.type == "cuda" else [False]
+    print(f"device: {device} ({torch.get_num_threads()} threads)")
+    print(f"{'decoder':>15} {'features':>9} {'batch':>6} {'amp':>4} {'step s (data incl.)':>20} "
+          f"{'step s (excl.)':>15} {'data share':>10}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rows, kind, batch_size in setups:
+            n_images = batch_size * (args.steps + 2)
+            store = synthetic_store(Path(tmp) / f"{name}.lmdb", n_images, rows, 2048, kind, rng)
+            batches = TrainBatches(synthetic_captions(n_images, rng), Features([store]),
+                                   batch_size=batch_size, seq_per_img=5, seed=0)
+            for amp in amps:
+                torch.manual_seed(0)
+                model = build_decoder(name, {"hidden": 512, "embed": 512, "att_hidden": 512},
+                                      VOCAB, 2048).to(device)
+                incl = step_time(model, batches, device, args.steps, reuse_batch=False, amp=amp)
+                excl = step_time(model, batches, device, args.steps, reuse_batch=True, amp=amp)
+                print(f"{name:>15} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} {str(amp):>4} "
+                      f"{incl:20.3f} {excl:15.3f} {max(incl - excl, 0) / incl:10.2f}")
+        torch.manual_seed(0)
+        model = build_decoder("top_down", {"hidden": 512, "embed": 512, "att_hidden": 512},
+                              VOCAB, 2048).to(device)
+        feats = torch.randn(args.beam_images, 36, 2048, device=device).abs()
+        mask = torch.ones(args.beam_images, 36, dtype=torch.bool, device=device)
+        batched, single = beam_rates(model, feats, mask, device)
+        print(f"beam search K=5, top_down, {args.beam_images} images: batched {batched:.1f} "
+              f"captions/s, one image at a time {single:.1f} captions/s: {batched / single:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
