@@ -126,15 +126,18 @@ def main() -> None:
                 excl = step_time(model, batches, device, args.steps, reuse_batch=True, amp=amp)
                 print(f"{name:>15} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} {str(amp):>4} "
                       f"{incl:20.3f} {excl:15.3f} {max(incl - excl, 0) / incl:10.2f}")
-        torch.manual_seed(0)
-        model = build_decoder("top_down", {"hidden": 512, "embed": 512, "att_hidden": 512},
-                              VOCAB, 2048).to(device)
-        feats = torch.randn(args.beam_images, 36, 2048, device=device).abs()
-        mask = torch.ones(args.beam_images, 36, dtype=torch.bool, device=device)
-        batched, single = beam_rates(model, feats, mask, device)
-        print(f"beam search K=5, top_down, {args.beam_images} images: batched {batched:.1f} "
-              f"captions/s, one image at a time {single:.1f} captions/s: {batched / single:.1f}x")
-
+        beam_setups = [("COCO size: hidden 512, 36x2048, vocab 9487", 512, 2048, VOCAB),
+                       ("demo size: hidden 256, 36x512, vocab 198", 256, 512, 198)]
+        for label, hidden, dim, vocab in beam_setups:
+            torch.manual_seed(0)
+            model = build_decoder("top_down", {"hidden": hidden, "embed": hidden,
+                                               "att_hidden": hidden}, vocab, dim).to(device)
+            feats = torch.randn(args.beam_images, 36, dim, device=device).abs()
+            mask = torch.ones(args.beam_images, 36, dtype=torch.bool, device=device)
+            batched, single = beam_rates(model, feats, mask, device)
+            print(f"beam search K=5, top_down ({label}), {args.beam_images} images: batched "
+                  f"{batched:.1f} captions/s, one image at a time {single:.1f}: "
+                  f"{batched / single:.1f}x")
 
 if __name__ == "__main__":
     main()
