@@ -271,6 +271,32 @@ def _echo_scores(scores: dict) -> None:
     click.echo(f"  ({scores['images']} images, {scores['tokenizer']} tokenizer)")
 
 
+@main.command("caption")
+@click.option("--checkpoint", required=True, type=click.Path(path_type=Path),
+              help="A checkpoint (or run folder: its best.pt).")
+@click.argument("images", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--attention", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Draw the attention per word to this PNG (IMAGE_k suffixes for several images).")
+@click.option("--beam", "beam_size", default=5, show_default=True)
+@click.option("--max-len", default=16, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
+    """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores."""
+    from pipeline.extract.rebuild import image_extractor
+    from trainer.caption import caption_files
+    from trainer.train import pick_device
+
+    dev = pick_device(device)
+    captions = caption_files(checkpoint, list(images),
+                             lambda meta, where: image_extractor(meta, where, dev),
+                             beam_size=beam_size, max_len=max_len, attention=attention,
+                             device=dev)
+    for c in captions:
+        drawn = f"  [attention -> {c.attention}]" if c.attention else ""
+        click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
+
+
 @stage_command("report", code="trainer.report")
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", default="reports", show_default=True,

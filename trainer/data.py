@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pipeline.errors import CapstackError
-from pipeline.stores import open_store
+from pipeline.stores import Batch, Record, open_store
 from pipeline.stores.buffer import BatchBuffer
 from pipeline.stores.pointer import read_pointer
 from pipeline.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, Vocabulary
@@ -129,19 +129,46 @@ class Features:
 
     def read(self, image_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """features [B, L, D] float16 (a view of a reused buffer), mask [B, L], boxes or None."""
-        parts, masks, boxes = [], [], []
-        for store, buffer in zip(self.stores, self.buffers):
-            batch = store.read_batch(image_ids, max_rows=self.max_regions or None, allocate=buffer)
-            feats = torch.from_numpy(batch.features)
-            if self.box_geometry:
-                feats = torch.cat([feats, box_geometry(batch).to(feats.dtype)], 2)
-            parts.append(feats)
-            masks.append(torch.from_numpy(batch.mask))
-            if batch.boxes is not None:
-                boxes.append(torch.from_numpy(batch.boxes))
-        if len(parts) == 1:
-            return parts[0], masks[0], boxes[0] if boxes else None
-        return torch.cat(parts, 1), torch.cat(masks, 1), None
+        return combine([store.read_batch(image_ids, max_rows=self.max_regions or None,
+                                         allocate=buffer)
+                        for store, buffer in zip(self.stores, self.buffers)], self.box_geometry)
+
+
+def combine(batches: Sequence[Batch], with_geometry: bool = False):
+    """Store batches of the same images -> one set of locations per image, concatenated along L.
+
+    Boxes come back only for a single region store (what attention pictures can draw).
+    """
+    parts, masks, boxes = [], [], []
+    for batch in batches:
+        feats = torch.from_numpy(batch.features)
+        if with_geometry:
+            feats = torch.cat([feats, box_geometry(batch).to(feats.dtype)], 2)
+        parts.append(feats)
+        masks.append(torch.from_numpy(batch.mask))
+        if batch.boxes is not None:
+            boxes.append(torch.from_numpy(batch.boxes))
+    if len(parts) == 1:
+        return parts[0], masks[0], boxes[0] if boxes else None
+    return torch.cat(parts, 1), torch.cat(masks, 1), None
+
+
+def batch_from_records(records: Sequence[Record], dtype: str, max_rows: int = 0) -> Batch:
+    """Records fresh from an extractor, padded like a store's ``read_batch`` (in its dtype)."""
+    rows = max(r.features.shape[0] for r in records)
+    rows = min(rows, max_rows) if max_rows else rows
+    dim = records[0].features.shape[1]
+    features = np.zeros((len(records), rows, dim), dtype)
+    mask = np.zeros((len(records), rows), bool)
+    boxes = np.zeros((len(records), rows, 4), np.float32) if records[0].boxes is not None else None
+    for k, r in enumerate(records):
+        n = min(r.features.shape[0], rows)
+        features[k, :n] = r.features[:n]
+        mask[k, :n] = True
+        if boxes is not None:
+            boxes[k, :n] = r.boxes[:n]
+    hw = np.array([(r.height, r.width) for r in records], np.int32)
+    return Batch(features, mask, hw, boxes)
 
 
 def box_geometry(batch) -> torch.Tensor:
