@@ -56,6 +56,15 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def tensorboard_writer(out_dir: Path):
+    """TensorBoard events in ``out_dir/events`` when tensorboard is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
+        return None
+    return SummaryWriter(str(out_dir / "events"))
+
+
 def xe_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy per real token (targets include <eos>; <pad> ignored)."""
     return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0)
@@ -97,6 +106,7 @@ class Run:
                                     bucket_by_length=config.data.bucket_by_length)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
+        self.events = tensorboard_writer(self.out_dir)
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -157,6 +167,12 @@ class Run:
     def log(self, entry: dict) -> None:
         with open(self.out_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
+        if self.events is not None:
+            step = entry.get("step", self.step)
+            for key, value in entry.items():
+                if key not in ("kind", "epoch", "step", "time"):
+                    self.events.add_scalar(f"{entry['kind']}/{key}", value, step)
+            self.events.flush()
 
     def autocast(self):
         if self.device.type == "cuda" and self.config.train.amp:
@@ -232,6 +248,8 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
         if not restart_on_change or not (out_dir / "last.pt").is_file():
             raise
         log.warning("%s; starting afresh, the old run moved to %s.old", error, out_dir)
+        if run.events is not None:
+            run.events.close()
         replace_path(out_dir, out_dir.with_name(out_dir.name + ".old"))
         out_dir.mkdir()
         run = Run(config, out_dir)
