@@ -73,46 +73,49 @@ def _step_by_step(decoder: Decoder, ctx: Context, max_len: int, pick) -> Decoded
 def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) -> Decoded:
     """The highest-scoring caption per image (sum of log-probabilities), K beams per image.
 
-    All B x K hypotheses advance as one batch. A hypothesis that emitted
-    ``<eos>`` stays in its beam with its score frozen (it only extends with
-    ``<pad>`` at no cost), so finished and unfinished captions compete on
-    total log-probability, as the papers' beam search does.
+    All hypotheses of all images advance as one batch. A hypothesis that
+    emitted ``<eos>`` keeps its beam with its score frozen (it only extends
+    with ``<pad>`` at no cost), so finished and unfinished captions compete on
+    total log-probability, as the papers' beam search does (and K = 1 is greedy
+    decoding). An image is settled when its best hypothesis has finished (the
+    others can only fall): its rows then leave the batch, which shrinks as
+    captions end.
     """
-    k = beam_size
-    b = next(iter(ctx.values())).shape[0]
+    k, b = beam_size, next(iter(ctx.values())).shape[0]
     ctx = expand_context(ctx, k)  # [B*K, ...]
     state = decoder.init_state(ctx)
     device = state[0].device
+    images = torch.arange(b, device=device)  # the unsettled images, K rows each
     words = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # every beam starts as the same empty caption: keep one
     done = torch.zeros(b * k, dtype=torch.bool, device=device)
-    tokens = torch.zeros(b * k, 0, dtype=torch.long, device=device)
-    logprobs = torch.zeros(b * k, 0, device=device)
-    alphas = None
-    offsets = (torch.arange(b, device=device) * k)[:, None]  # [B, 1]
-    for _ in range(max_len + 1):
+    history = _History(b * k, device)
+    settled: list[tuple | None] = [None] * b
+    for t in range(max_len + 1):
         logits, state, alpha = decoder.step(words, state, ctx)
-        logp = torch.log_softmax(logits.float(), 1)  # [B*K, V]
-        v = logp.shape[1]
+        logp = torch.log_softmax(logits.float(), 1)  # [n*K, V]
+        n, v = len(images), logp.shape[1]
         logp = torch.where(done[:, None], _finished_row(v, device), logp)
-        total = (scores.reshape(-1, 1) + logp).reshape(b, k * v)  # [B, K*V]
-        scores, flat = total.topk(k, dim=1)  # [B, K]
-        beam, words = flat // v, flat % v  # [B, K]
-        rows = (offsets + beam).reshape(-1)  # [B*K] the hypothesis each new one extends
-        words = words.reshape(-1)
-        step_logp = logp[rows, words]
+        scores, flat = (scores.reshape(-1, 1) + logp).reshape(n, k * v).topk(k, dim=1)  # [n, K]
+        rows = (torch.arange(n, device=device)[:, None] * k + flat // v).reshape(-1)
+        words = (flat % v).reshape(-1)  # [n*K]: hypothesis rows[i] extended by words[i]
+        history.extend(rows, words, logp[rows, words], alpha)
         state = select(state, rows)
-        tokens = torch.cat([tokens[rows], words[:, None]], 1)
-        logprobs = torch.cat([logprobs[rows], step_logp[:, None]], 1)
-        if alpha is not None:
-            alpha = alpha.index_select(0, rows)[:, None]
-            alphas = alpha if alphas is None else torch.cat([alphas[rows], alpha], 1)
         done = done[rows] | (words == EOS_ID)
-        if done.all():
+        top = scores.argmax(1)  # [n]
+        finished = done.view(n, k).gather(1, top[:, None]).squeeze(1) | (t == max_len)
+        for i in finished.nonzero().squeeze(1).tolist():
+            settled[int(images[i])] = history.row(i * k + int(top[i]))
+        if finished.all():
             break
-    best = offsets.squeeze(1) + scores.argmax(1)  # [B]
-    return Decoded(tokens[best], logprobs[best], alphas[best] if alphas is not None else None)
+        if finished.any():
+            keep_images = (~finished).nonzero().squeeze(1)
+            keep = (keep_images[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+            images, scores, words, done = images[keep_images], scores[keep_images], words[keep], done[keep]
+            state, ctx = select(state, keep), select(ctx, keep)
+            history.keep(keep)
+    return _stack(settled)
 
 
 def _finished_row(v: int, device) -> Tensor:
@@ -120,3 +123,43 @@ def _finished_row(v: int, device) -> Tensor:
     row = torch.full((v,), float("-inf"), device=device)
     row[PAD_ID] = 0.0
     return row
+
+
+class _History:
+    """The live hypotheses' tokens, log-probabilities and attention so far."""
+
+    def __init__(self, n: int, device):
+        self.tokens = torch.zeros(n, 0, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(n, 0, device=device)
+        self.alphas = None
+
+    def extend(self, rows: Tensor, words: Tensor, logp: Tensor, alpha: Tensor | None) -> None:
+        self.tokens = torch.cat([self.tokens[rows], words[:, None]], 1)
+        self.logprobs = torch.cat([self.logprobs[rows], logp[:, None]], 1)
+        if alpha is not None:
+            step = alpha.index_select(0, rows)[:, None]
+            self.alphas = step if self.alphas is None else torch.cat([self.alphas[rows], step], 1)
+
+    def keep(self, rows: Tensor) -> None:
+        self.tokens, self.logprobs = self.tokens[rows], self.logprobs[rows]
+        if self.alphas is not None:
+            self.alphas = self.alphas[rows]
+
+    def row(self, i: int) -> tuple:
+        return (self.tokens[i], self.logprobs[i],
+                self.alphas[i] if self.alphas is not None else None)
+
+
+def _stack(captions: list[tuple]) -> Decoded:
+    """Per-image (tokens, logprobs, alphas) of different lengths -> one padded Decoded."""
+    length = max(c[0].shape[0] for c in captions)
+    tokens = captions[0][0].new_full((len(captions), length), PAD_ID)
+    logprobs = captions[0][1].new_zeros(len(captions), length)
+    alphas = None
+    if captions[0][2] is not None:
+        alphas = captions[0][2].new_zeros(len(captions), length, captions[0][2].shape[1])
+    for i, (t, lp, al) in enumerate(captions):
+        tokens[i, :len(t)], logprobs[i, :len(lp)] = t, lp
+        if alphas is not None:
+            alphas[i, :len(al)] = al
+    return Decoded(tokens, logprobs, alphas)

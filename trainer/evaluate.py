@@ -76,21 +76,18 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
 
 def _pictures(preds: list[Prediction], features: Features, captions, out_dir: Path) -> None:
     """Attention figures of a few images, when the images can still be found."""
-    if not preds or preds[0].alphas is None:
-        return
-    files = _image_files(features, captions)
     grid = features.grid_size
+    if not preds or preds[0].alphas is None or (grid is None and preds[0].boxes is None):
+        return  # no attention, or grid and regions concatenated: no single picture of them
+    files = _image_files(features, captions)
     for p in preds:
         path = files.get(p.image_id)
         if path is None or not path.is_file():
             log.warning("attention figure for image %s skipped: image file not found", p.image_id)
             continue
         image = np.asarray(Image.open(path).convert("RGB"))
-        if grid is None and p.boxes is None:
-            return  # grid and regions concatenated: no single picture of the locations
         attention_figure(image, p.words, p.alphas, out_dir / "attention" / f"{p.image_id}.png",
-                         grid=grid, boxes=None if grid else p.boxes,
-                         title=" ".join(p.words))
+                         grid=grid, boxes=None if grid else p.boxes, title=" ".join(p.words))
 
 
 def _image_files(features: Features, captions) -> dict[int, Path]:

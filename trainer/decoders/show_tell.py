@@ -22,6 +22,7 @@ class ShowTellConfig:
     hidden: int = 512
     layers: int = 1
     dropout: float = 0.5
+    image_norm: bool = True  # batch-normalise the image embedding (im2txt's encoder does)
 
 
 @DECODERS.register("show_tell")
@@ -33,7 +34,9 @@ class ShowTell(Decoder):
 
     def __init__(self, config: ShowTellConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
-        self.image_embed = nn.Linear(feature_dim, config.embed)
+        self.image_embed = nn.Sequential(
+            nn.Linear(feature_dim, config.embed),
+            nn.BatchNorm1d(config.embed) if config.image_norm else nn.Identity())
         self.word_embed = nn.Embedding(vocab_size, config.embed)
         self.lstm = nn.LSTM(config.embed, config.hidden, config.layers, batch_first=True,
                             dropout=config.dropout if config.layers > 1 else 0.0)
