@@ -49,6 +49,13 @@ def test_batches_hold_seq_per_img_captions_and_a_fixed_order(data):
     assert [x.image_ids for x in again] == [x.image_ids for x in first[1:]]
     assert all(torch.equal(x.captions, y.captions) for x, y in zip(again, first[1:]))
     assert [x.image_ids for x in batches.epoch(1)] != [x.image_ids for x in first]
+    # bucketed: each batch holds images of neighbouring mean caption length
+    spans = sorted((lengths.min(), lengths.max()) for lengths in
+                   (batches.mean_caption_length(rows) for rows in batches.order(0)))
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    expected = [np.mean(captions.lengths[captions.label_start[r]:captions.label_end[r]])
+                for r in range(4)]
+    np.testing.assert_allclose(batches.mean_caption_length(np.arange(4)), expected)
 
 
 def test_stores_are_concatenated_and_box_geometry_appended(data):

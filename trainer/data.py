@@ -231,15 +231,19 @@ class TrainBatches:
         rows = rng.permutation(self.rows)
         if not self.bucket:
             return np.array_split(rows, range(self.batch_size, len(rows), self.batch_size))
-        c = self.captions
-        mean_len = (np.add.reduceat(c.lengths, c.label_start[rows]) /
-                    (c.label_end[rows] - c.label_start[rows])) if len(rows) else rows
+        mean_len = self.mean_caption_length(rows)
         span = self.batch_size * BUCKET_SPAN
         batches = []
         for start in range(0, len(rows), span):
             chunk = rows[start:start + span][np.argsort(mean_len[start:start + span], kind="stable")]
             batches += np.array_split(chunk, range(self.batch_size, len(chunk), self.batch_size))
         return [batches[k] for k in rng.permutation(len(batches))]
+
+    def mean_caption_length(self, rows: np.ndarray) -> np.ndarray:
+        c = self.captions
+        total = np.concatenate([[0], np.cumsum(c.lengths)])
+        start, end = c.label_start[rows], c.label_end[rows]
+        return (total[end] - total[start]) / np.maximum(end - start, 1)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[TrainBatch]:
         for index, rows in enumerate(self.order(epoch)):
