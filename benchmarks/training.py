@@ -4,8 +4,9 @@
   captions) and ``soft_attention`` (196x2048 grid, 10 images x 5 captions), with
   the store reads included (TrainBatches over a real LMDB store) and excluded
   (one batch reused), and AMP on/off on a GPU.
-- beam search (K = 5) captions/s, all images x beams in one batch, against a loop
-  over one image at a time of the same code.
+- beam search (K = 5) captions/s, images x beams batched (50 images, as evaluation
+  does), against a loop over one image at a time of the same code: a random
+  COCO-size top_down, and the demo's trained decoders when `make demo` has run.
 
     python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--images 200]
 """
@@ -86,24 +87,53 @@ def step_time(model, batches, device, steps: int, reuse_batch: bool, amp: bool) 
     return float(np.mean(times[1:]))
 
 
-def beam_rates(model, feats, mask, device) -> tuple[float, float]:
+def beam_rates(model, feats, mask, batch: int) -> tuple[float, float]:
+    """Captions/s of beam search (K = 5) in batches of ``batch`` images, and one at a time."""
     model.eval()
     with torch.no_grad():
         started = time.perf_counter()
-        beam_search(model, model.encode(feats, mask), 5, CAPTION_LEN)
+        for i in range(0, len(feats), batch):
+            beam_search(model, model.encode(feats[i:i + batch], mask[i:i + batch]), 5, CAPTION_LEN)
         batched = len(feats) / (time.perf_counter() - started)
         started = time.perf_counter()
-        for k in range(len(feats)):
-            beam_search(model, model.encode(feats[k:k + 1], mask[k:k + 1]), 5, CAPTION_LEN)
+        for i in range(len(feats)):
+            beam_search(model, model.encode(feats[i:i + 1], mask[i:i + 1]), 5, CAPTION_LEN)
         single = len(feats) / (time.perf_counter() - started)
     return batched, single
+
+
+def beam_setups(images: int, device):
+    """(label, model, feats, mask): a random COCO-size top_down, and the demo's trained decoders."""
+    torch.manual_seed(0)
+    model = build_decoder("top_down", {"hidden": 512, "embed": 512, "att_hidden": 512}, VOCAB,
+                          2048).to(device)
+    feats = torch.randn(images, 36, 2048, device=device).abs()
+    yield ("top_down, random, COCO size (hidden 512, 36x2048, vocab 9487)", model, feats,
+           torch.ones(images, 36, dtype=torch.bool, device=device))
+    from trainer.checkpoint import load_checkpoint
+    from trainer.data import Features, load_captions
+    from trainer.evaluate import load_model
+
+    for name in ("show_tell", "soft_attention", "top_down"):
+        run = ROOT / "runs" / name / "best.pt"
+        if not run.is_file():
+            continue  # `make demo` first
+        ckpt = load_checkpoint(run)
+        model, _ = load_model(ckpt)
+        data = ckpt["experiment"]["data"]
+        captions = load_captions(data["captions"])
+        ids = captions.image_ids[captions.rows("test")][:images].tolist()
+        feats, mask, _ = Features(data["features"], box_geometry=data["box_geometry"]).read(ids)
+        yield (f"{name}, the demo's trained model, its test images", model.to(device),
+               feats.to(device, torch.float32), mask.to(device))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--beam-images", type=int, default=100)
+    ap.add_argument("--beam-images", type=int, default=200)
+    ap.add_argument("--beam-batch", type=int, default=50, help="images per beam-search batch")
     args = ap.parse_args()
     device = torch.device(args.device)
     rng = np.random.default_rng(0)
@@ -126,18 +156,11 @@ def main() -> None:
                 excl = step_time(model, batches, device, args.steps, reuse_batch=True, amp=amp)
                 print(f"{name:>15} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} {str(amp):>4} "
                       f"{incl:20.3f} {excl:15.3f} {max(incl - excl, 0) / incl:10.2f}")
-        beam_setups = [("COCO size: hidden 512, 36x2048, vocab 9487", 512, 2048, VOCAB),
-                       ("demo size: hidden 256, 36x512, vocab 198", 256, 512, 198)]
-        for label, hidden, dim, vocab in beam_setups:
-            torch.manual_seed(0)
-            model = build_decoder("top_down", {"hidden": hidden, "embed": hidden,
-                                               "att_hidden": hidden}, vocab, dim).to(device)
-            feats = torch.randn(args.beam_images, 36, dim, device=device).abs()
-            mask = torch.ones(args.beam_images, 36, dtype=torch.bool, device=device)
-            batched, single = beam_rates(model, feats, mask, device)
-            print(f"beam search K=5, top_down ({label}), {args.beam_images} images: batched "
-                  f"{batched:.1f} captions/s, one image at a time {single:.1f}: "
-                  f"{batched / single:.1f}x")
+    for label, model, feats, mask in beam_setups(args.beam_images, device):
+        batched, single = beam_rates(model, feats, mask, args.beam_batch)
+        print(f"beam search K=5, {label}: batches of {args.beam_batch} {batched:.0f} captions/s, "
+              f"one image at a time {single:.0f}: {batched / single:.1f}x")
+
 
 if __name__ == "__main__":
     main()

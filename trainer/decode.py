@@ -78,14 +78,15 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
     with ``<pad>`` at no cost), so finished and unfinished captions compete on
     total log-probability, as the papers' beam search does (and K = 1 is greedy
     decoding). An image is settled when its best hypothesis has finished (the
-    others can only fall): its rows then leave the batch, which shrinks as
-    captions end.
+    others can only fall); once half the batch is settled, those rows leave it,
+    so the batch shrinks as captions end without copying the context every step.
     """
     k, b = beam_size, next(iter(ctx.values())).shape[0]
     ctx = expand_context(ctx, k)  # [B*K, ...]
     state = decoder.init_state(ctx)
     device = state[0].device
-    images = torch.arange(b, device=device)  # the unsettled images, K rows each
+    images = torch.arange(b, device=device)  # the images in the batch, K rows each
+    open_ = torch.ones(b, dtype=torch.bool, device=device)  # not settled yet
     words = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # every beam starts as the same empty caption: keep one
@@ -104,15 +105,17 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
         state = select(state, rows)
         done = done[rows] | (words == EOS_ID)
         top = scores.argmax(1)  # [n]
-        finished = done.view(n, k).gather(1, top[:, None]).squeeze(1) | (t == max_len)
-        for i in finished.nonzero().squeeze(1).tolist():
+        ended = done.view(n, k).gather(1, top[:, None]).squeeze(1) | (t == max_len)
+        for i in (ended & open_).nonzero().squeeze(1).tolist():
             settled[int(images[i])] = history.row(i * k + int(top[i]))
-        if finished.all():
+        open_ = open_ & ~ended
+        if not open_.any():
             break
-        if finished.any():
-            keep_images = (~finished).nonzero().squeeze(1)
-            keep = (keep_images[:, None] * k + torch.arange(k, device=device)).reshape(-1)
-            images, scores, words, done = images[keep_images], scores[keep_images], words[keep], done[keep]
+        if (~open_).sum() * 2 >= n:  # compact when half the rows are settled: few copies
+            kept = open_.nonzero().squeeze(1)
+            keep = (kept[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+            images, scores, open_ = images[kept], scores[kept], open_[kept]
+            words, done = words[keep], done[keep]
             state, ctx = select(state, keep), select(ctx, keep)
             history.keep(keep)
     return _stack(settled)

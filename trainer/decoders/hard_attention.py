@@ -52,7 +52,7 @@ class HardAttention(SoftAttention):
             words = captions[:, t]
             if t > 0 and sample_prob > 0:
                 words = self._scheduled_words(words, logits[-1], sample_prob)
-            alpha, beta = self.attend(state[0], ctx)
+            _, alpha, beta = self.attend(state[0], ctx)
             location = torch.multinomial(alpha.detach().float(), 1)  # [N, 1]
             z = beta * ctx["feats"].gather(
                 1, location[:, :, None].expand(-1, 1, ctx["feats"].shape[2])).squeeze(1)

@@ -62,11 +62,11 @@ class SoftAttention(Decoder):
     def init_state(self, ctx: Context) -> State:
         return self.init_h(ctx["mean"]), self.init_c(ctx["mean"])
 
-    def attend(self, h: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
-        """-> alpha [N, L] and the gate beta [N, 1] (1 without the gate)."""
-        _, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h)
+    def attend(self, h: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        """-> the expected context [N, D], alpha [N, L] and the gate beta [N, 1] (1 without)."""
+        context, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h)
         beta = torch.sigmoid(self.gate(h)) if self.gate is not None else h.new_ones(h.shape[0], 1)
-        return alpha, beta
+        return context, alpha, beta
 
     def advance(self, words: Tensor, state: State, z: Tensor) -> tuple[Tensor, State]:
         """The LSTM step and the deep output layer, given the context z [N, D]."""
@@ -76,9 +76,8 @@ class SoftAttention(Decoder):
         return logits, (h, c)
 
     def step(self, words: Tensor, state: State, ctx: Context):
-        alpha, beta = self.attend(state[0], ctx)
-        z = beta * torch.bmm(alpha[:, None], ctx["feats"]).squeeze(1)  # [N, D]
-        logits, state = self.advance(words, state, z)
+        context, alpha, beta = self.attend(state[0], ctx)
+        logits, state = self.advance(words, state, beta * context)  # z = beta * sum_i alpha_i a_i
         return logits, state, alpha
 
     def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
