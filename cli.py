@@ -231,6 +231,8 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change):
         click.echo("note: METEOR will be n/a at evaluation (java not found)")
     r = train(config, out_dir, restart_on_change=restart_on_change)
     resumed = f", resumed at epoch {r.resumed_at[0] + 1}" if r.resumed_at else ""
+    if r.resumed_at and r.resumed_at[0] >= config.train.epochs:
+        resumed = " (already complete: nothing trained; --set train.epochs=N trains on)"
     click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val CIDEr "
                f"{r.best_cider:.3f} (greedy) at epoch {r.best_epoch + 1} -> {out_dir}/best.pt")
 
