@@ -1,0 +1,1 @@
+"""Rewards for reinforcement fine-tuning: they score token ids."""
