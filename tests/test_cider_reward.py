@@ -85,3 +85,27 @@ def test_cache_round_trip_and_errors(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"nope")
     with pytest.raises(CapstackError, match="not a CIDEr-D cache"):
         CiderD.load(tmp_path / "bad.npz")
+
+
+def test_cache_stage_command_builds_from_the_prepared_split(tmp_path, capstack):
+    from trainer.data import load_captions
+    from trainer.metrics import load_references, simple_tokenize
+    from trainer_fixtures import make_prepared
+
+    _, prepared = make_prepared(tmp_path)
+    out = tmp_path / "cider" / "train.npz"
+    result = capstack("cider-cache", prepared, "--out", out)
+    assert "12 images" in result.output
+    scorer = CiderD.load(out)
+    captions = load_captions(prepared)
+    assert scorer.vocab_digest() == captions.vocab_digest()
+    refs = load_references(prepared / "refs_train.json")
+    image = sorted(refs)[0]
+    words = simple_tokenize(refs[image][0]).split()
+    ids = [captions.vocab.wtoi.get(w, 3) for w in words]
+    score = scorer.score([image], np.array([ids]), np.array([len(ids)]))[0]
+    tokenized = {i: [simple_tokenize(c) for c in cs] for i, cs in refs.items()}
+    candidates = {i: [" ".join(captions.vocab.itow[t] for t in ids)] if i == image else ["a"]
+                  for i in tokenized}
+    _, expected = Cider().compute_score(tokenized, candidates)
+    assert score == pytest.approx(expected[list(tokenized).index(image)], abs=1e-6)

@@ -37,38 +37,39 @@ SIGMA = 6.0
 MAX_BASE = 2 ** 15  # BASE**4 * 4 must fit in int64
 
 
-def ngram_keys(tokens: np.ndarray, lengths: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every n-gram (n = 1..4) of each row: (row index, key), keys encoding the order too.
+def ngram_counts(tokens: np.ndarray, lengths: np.ndarray,
+                 base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's distinct n-grams and their counts: (row, key, count), without a global sort.
 
-    tokens [M, T] int64 word ids, lengths [M] (words per row; the rest is ignored).
+    Per order n the [M, W] key matrix is sorted along its rows (invalid windows
+    pushed to the end), and runs of equal keys are counted.
     """
     m, t = tokens.shape
-    rows_out, keys_out = [], []
+    sentinel = np.iinfo(np.int64).max
+    out_rows, out_keys, out_counts = [], [], []
     for n in range(1, MAX_N + 1):
         if t < n:
             break
-        key = np.zeros((m, t - n + 1), np.int64)
+        width = t - n + 1
+        key = np.zeros((m, width), np.int64)
         for j in range(n):
-            key += tokens[:, j:t - n + 1 + j].astype(np.int64) * base ** j
-        valid = np.arange(t - n + 1)[None, :] + n <= lengths[:, None]
-        rows_out.append(np.nonzero(valid)[0])
-        keys_out.append(key[valid] * MAX_N + (n - 1))
-    if not rows_out:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(rows_out), np.concatenate(keys_out)
-
-
-def counted(rows: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (row, key) pairs and how often each occurs."""
-    if len(rows) == 0:
-        return rows, keys, np.zeros(0, np.float64)
-    order = np.lexsort((keys, rows))
-    rows, keys = rows[order], keys[order]
-    start = np.ones(len(rows), bool)
-    start[1:] = (rows[1:] != rows[:-1]) | (keys[1:] != keys[:-1])
-    index = np.flatnonzero(start)
-    counts = np.diff(np.append(index, len(rows))).astype(np.float64)
-    return rows[index], keys[index], counts
+            key += tokens[:, j:width + j].astype(np.int64) * base ** j
+        key = key * MAX_N + (n - 1)
+        key[np.arange(width)[None, :] + n > lengths[:, None]] = sentinel
+        key.sort(axis=1)
+        flat = key.ravel()
+        boundary = np.ones(flat.shape, bool)
+        boundary[1:] = flat[1:] != flat[:-1]
+        boundary[::width] = True  # every row starts a run
+        starts = np.flatnonzero(boundary)
+        counts = np.diff(np.append(starts, flat.size))
+        real = flat[starts] != sentinel
+        out_rows.append(starts[real] // width)
+        out_keys.append(flat[starts[real]])
+        out_counts.append(counts[real].astype(np.float64))
+    if not out_rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    return np.concatenate(out_rows), np.concatenate(out_keys), np.concatenate(out_counts)
 
 
 @dataclass
@@ -83,8 +84,8 @@ class CiderD:
     df: np.ndarray  # [G] images whose references contain the n-gram
     image_ids: np.ndarray  # [I]
     ref_start: np.ndarray  # [I + 1] each image's references: ref_start[i]..ref_start[i+1]
-    entry_keys: np.ndarray  # [E] sorted ref * G + ngram index
-    entry_weights: np.ndarray  # [E] the reference's tf-idf weight of that n-gram
+    image_ngrams: np.ndarray  # [P] sorted image index * G + n-gram index, for every image's n-grams
+    image_ngram_weights: np.ndarray  # [P, Rmax] that n-gram's weight in each reference of the image
     ref_norms: np.ndarray  # [R, 4]
     ref_lengths: np.ndarray  # [R] bigram counts
 
@@ -110,8 +111,7 @@ class CiderD:
             raise CapstackError(f"CIDEr-D: {len(words)} distinct words in the references; the "
                                 f"n-gram keys hold at most {MAX_BASE}")
         tokens, lengths = _padded(ref_tokens)
-        ref_rows, keys = ngram_keys(tokens, lengths, base)
-        ref_rows, keys, tf = counted(ref_rows, keys)
+        ref_rows, keys, tf = ngram_counts(tokens, lengths, base)
         ref_start = np.array(ref_start, np.int64)
         ref_image = np.repeat(np.arange(len(image_ids)), np.diff(ref_start))
         ngrams, ngram_index = np.unique(keys, return_inverse=True)
@@ -122,10 +122,13 @@ class CiderD:
         order = (keys % MAX_N).astype(np.int64)
         norms = np.sqrt(np.bincount(ref_rows * MAX_N + order, weights=weights ** 2,
                                     minlength=len(ref_tokens) * MAX_N)).reshape(-1, MAX_N)
-        entry_keys = ref_rows * len(ngrams) + ngram_index
-        sort = np.argsort(entry_keys)
+        image_ngrams = np.unique(ref_image[ref_rows] * len(ngrams) + ngram_index)
+        slot = np.searchsorted(image_ngrams, ref_image[ref_rows] * len(ngrams) + ngram_index)
+        per_image = np.diff(ref_start)
+        table = np.zeros((len(image_ngrams), per_image.max()), np.float64)
+        table[slot, ref_rows - ref_start[ref_image[ref_rows]]] = weights
         return cls(words, len(vocab_words), base, log_n, ngrams, df, image_ids, ref_start,
-                   entry_keys[sort], weights[sort], norms, np.maximum(lengths - 1, 0))
+                   image_ngrams, table, norms, np.maximum(lengths - 1, 0))
 
     # ------------------------------------------------------------------ scoring
 
@@ -139,8 +142,7 @@ class CiderD:
             missing = np.asarray(image_ids)[~known][0]
             raise CapstackError(f"CIDEr-D: image {missing} has no cached references")
         m = len(tokens)
-        rows, keys = ngram_keys(tokens, lengths, self.base)
-        rows, keys, tf = counted(rows, keys)
+        rows, keys, tf = ngram_counts(tokens, lengths, self.base)
         index = np.minimum(np.searchsorted(self.ngrams, keys), len(self.ngrams) - 1)
         found = self.ngrams[index] == keys
         df = np.where(found, self.df[index], 0.0)
@@ -149,34 +151,32 @@ class CiderD:
         norms = np.sqrt(np.bincount(rows * MAX_N + order, weights=weights ** 2,
                                     minlength=m * MAX_N)).reshape(m, MAX_N)
         hyp_lengths = np.maximum(lengths - 1, 0)
-        # every (candidate, reference of its image) pair: a slot
-        first, count = self.ref_start[images], np.diff(self.ref_start)[images]
-        slot_start = np.concatenate([[0], np.cumsum(count)])
-        slot_row = np.repeat(np.arange(m), count)
-        slot_ref = first[slot_row] + np.arange(len(slot_row)) - slot_start[slot_row]
-        overlap = self._overlap(rows[found], index[found], weights[found], order[found],
-                                count, first, slot_start, len(slot_row))
-        denominator = norms[slot_row] * self.ref_norms[slot_ref]  # [S, 4]
+        count = np.diff(self.ref_start)[images]  # references per candidate
+        r_max = self.image_ngram_weights.shape[1]
+        overlap = self._overlap(images, rows[found], index[found], weights[found], order[found],
+                                m)  # [M, Rmax, 4]
+        refs = np.minimum(self.ref_start[images][:, None] + np.arange(r_max),
+                          len(self.ref_lengths) - 1)  # [M, Rmax] (past the image's own: masked)
+        denominator = norms[:, None, :] * self.ref_norms[refs]  # [M, Rmax, 4]
         value = np.where(denominator != 0, overlap / np.where(denominator != 0, denominator, 1),
                          overlap)
-        delta = (hyp_lengths[slot_row] - self.ref_lengths[slot_ref]).astype(np.float64)
-        value = value * np.exp(-(delta ** 2) / (2 * SIGMA ** 2))[:, None]
-        per_slot = value.mean(1)
-        return np.bincount(slot_row, weights=per_slot, minlength=m) / count * 10.0
+        delta = (hyp_lengths[:, None] - self.ref_lengths[refs]).astype(np.float64)
+        value = value * np.exp(-(delta ** 2) / (2 * SIGMA ** 2))[:, :, None]
+        real = np.arange(r_max)[None, :] < count[:, None]
+        return (value.mean(2) * real).sum(1) / count * 10.0
 
-    def _overlap(self, rows, ngram_index, weights, order, count, first, slot_start, slots):
-        """[S, 4]: per (candidate, reference) slot and order, sum of min(h, r) * r."""
-        repeat = count[rows]
-        entry = np.repeat(np.arange(len(rows)), repeat)
-        local = np.arange(len(entry)) - np.repeat(np.cumsum(repeat) - repeat, repeat)
-        ref = first[rows][entry] + local
-        query = ref * len(self.ngrams) + ngram_index[entry]
-        at = np.minimum(np.searchsorted(self.entry_keys, query), len(self.entry_keys) - 1)
-        ref_weight = np.where(self.entry_keys[at] == query, self.entry_weights[at], 0.0)
-        contribution = np.minimum(weights[entry], ref_weight) * ref_weight
-        slot = slot_start[rows][entry] + local
-        return np.bincount(slot * MAX_N + order[entry], weights=contribution,
-                           minlength=slots * MAX_N).reshape(slots, MAX_N)
+    def _overlap(self, images, rows, ngram_index, weights, order, m):
+        """[M, Rmax, 4]: per candidate, reference of its image and order, sum of min(h, r) * r."""
+        query = images[rows] * len(self.ngrams) + ngram_index
+        at = np.minimum(np.searchsorted(self.image_ngrams, query), len(self.image_ngrams) - 1)
+        present = self.image_ngrams[at] == query
+        ref_weights = self.image_ngram_weights[at[present]]  # [F, Rmax]
+        contribution = np.minimum(weights[present, None], ref_weights) * ref_weights
+        r_max = ref_weights.shape[1]
+        cell = (rows[present] * r_max)[:, None] + np.arange(r_max)  # [F, Rmax]
+        flat = (cell * MAX_N + order[present][:, None]).ravel()
+        return np.bincount(flat, weights=contribution.ravel(),
+                           minlength=m * r_max * MAX_N).reshape(m, r_max, MAX_N)
 
     # ------------------------------------------------------------------ files
 
@@ -185,8 +185,8 @@ class CiderD:
 
     def save(self, path: str | Path) -> None:
         arrays = {k: getattr(self, k) for k in ("ngrams", "df", "image_ids", "ref_start",
-                                                 "entry_keys", "entry_weights", "ref_norms",
-                                                 "ref_lengths")}
+                                                 "image_ngrams", "image_ngram_weights",
+                                                 "ref_norms", "ref_lengths")}
         header = {"words": self.words, "vocab_size": self.vocab_size, "base": self.base,
                   "log_n": self.log_n, "vocab_md5": self.vocab_digest()}
         with atomic_file(path) as tmp:
@@ -214,3 +214,16 @@ def _padded(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     for k, t in enumerate(token_lists):
         tokens[k, :len(t)] = t
     return tokens, lengths
+
+
+def build_cache(prepared: str | Path, split: str, out: str | Path) -> CiderD:
+    """The cached CIDEr-D references of a prepared dataset's split (the RL reward's stage)."""
+    from trainer.data import load_captions
+    from trainer.metrics import load_references, simple_tokenize
+
+    captions = load_captions(prepared)
+    references = load_references(captions.references_path(split))
+    tokenized = {i: [simple_tokenize(c) for c in caps] for i, caps in references.items()}
+    scorer = CiderD.from_references(tokenized, captions.vocab.itow)
+    scorer.save(out)
+    return scorer
