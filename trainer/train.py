@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -30,6 +31,8 @@ from trainer.config import ExperimentConfig
 from trainer.data import Captions, Features, TrainBatches, check_coverage, load_captions
 from trainer.decoders import build_decoder, decoder_config
 from trainer.decoders.base import Decoder
+from trainer.rewards.cider import CiderD
+from trainer.scst import SelfCritical
 from trainer.validate import validate
 
 log = logging.getLogger(__name__)
@@ -107,6 +110,34 @@ class Run:
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
         self.events = tensorboard_writer(self.out_dir)
+        self.rl = self.self_critical() if t.objective == "scst" else None
+
+    def self_critical(self) -> SelfCritical:
+        """The SCST objective, refused when its cached references are of other data."""
+        t = self.config.train
+        scorer = CiderD.load(t.cider_cache)
+        if scorer.vocab_digest() != self.identity["vocab"]["md5"]:
+            raise CapstackError(f"{t.cider_cache}: built with another vocabulary than "
+                                f"{self.captions.folder} (rebuild it: capstack cider-cache)")
+        train_ids = self.captions.image_ids[self.captions.rows("train")]
+        lacking = np.setdiff1d(train_ids, scorer.image_ids)
+        if len(lacking):
+            raise CapstackError(f"{t.cider_cache}: has no references for image {lacking[0]} of "
+                                f"{self.captions.folder}'s train split (another dataset?)")
+        return SelfCritical(scorer, t.scst_samples, t.scst_baseline, t.max_len)
+
+    def start_from(self, path: str) -> None:
+        """Weights of another run's checkpoint (RL after XE), on the same data and decoder."""
+        ckpt = load_checkpoint(path)
+        check_identity(ckpt["identity"], self.identity, Path(ckpt["path"]))
+        self.model.load_state_dict(ckpt["model"])
+        # the starting point is the best so far: RL must beat it to replace best.pt
+        self.best_cider = validate(self.model, self.captions, self.features, self.device,
+                                   max_len=self.config.train.max_len,
+                                   limit=self.config.train.val_images, autocast=self.autocast)
+        self.log({"kind": "val", "epoch": -1, "cider": self.best_cider, "start": path,
+                  "time": time.time()})
+        self.save("best.pt")
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -170,7 +201,7 @@ class Run:
         if self.events is not None:
             step = entry.get("step", self.step)
             for key, value in entry.items():
-                if key not in ("kind", "epoch", "step", "time"):
+                if key not in ("kind", "epoch", "step", "time") and isinstance(value, (int, float)):
                     self.events.add_scalar(f"{entry['kind']}/{key}", value, step)
             self.events.flush()
 
@@ -181,20 +212,28 @@ class Run:
 
     def train_step(self, batch, sample_prob: float) -> dict:
         batch = batch.to(self.device)
-        captions = batch.captions[:, :int((batch.captions != 0).sum(1).max())]  # drop pad columns
-        targets = captions[:, 1:]
         with self.autocast():
-            output = self.model(batch.feats, batch.mask, captions, self.config.data.seq_per_img,
-                                sample_prob)
-        xe = xe_loss(output.logits, targets)
-        loc_mask = batch.mask.repeat_interleave(self.config.data.seq_per_img, 0)
-        loss = xe + self.model.regularizer(output, targets, targets != 0, loc_mask)
+            if self.rl is not None:
+                loss, stats = self.rl.loss(self.model, batch.feats, batch.mask, batch.image_ids)
+            else:
+                loss, stats = self.xe_loss(batch, sample_prob)
+        started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.train.grad_clip)
         self.optimizer.step()
-        return {"loss": loss.item(), "xe": xe.item()}
+        return {"loss": loss.item(), **stats, "time_backward": time.perf_counter() - started}
+
+    def xe_loss(self, batch, sample_prob: float) -> tuple[torch.Tensor, dict]:
+        captions = batch.captions[:, :int((batch.captions != 0).sum(1).max())]  # drop pad columns
+        targets = captions[:, 1:]
+        output = self.model(batch.feats, batch.mask, captions, self.config.data.seq_per_img,
+                            sample_prob)
+        xe = xe_loss(output.logits, targets)
+        loc_mask = batch.mask.repeat_interleave(self.config.data.seq_per_img, 0)
+        loss = xe + self.model.regularizer(output, targets, targets != 0, loc_mask)
+        return loss, {"xe": xe.item()}
 
     def run_epoch(self, progress: bool) -> None:
         t = self.config.train
@@ -254,6 +293,8 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
         out_dir.mkdir()
         run = Run(config, out_dir)
         resumed_at = None
+    if resumed_at is None and config.train.init_from:
+        run.start_from(config.train.init_from)
     with atomic_file(out_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(config.to_dict(), indent=1) + "\n")
     while run.epoch < config.train.epochs:

@@ -1,0 +1,98 @@
+"""Self-critical training: the loss's signs, the baselines, and an RL run on cached rewards."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import CapstackError
+from pipeline.vocab import EOS_ID, PAD_ID
+from trainer.config import load_experiment
+from trainer.decode import sample
+from trainer.decoders import build_decoder
+from trainer.rewards.cider import build_cache
+from trainer.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
+from trainer.train import train
+from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+
+
+def test_loss_pushes_up_a_winning_sample_and_down_a_losing_one():
+    torch.manual_seed(0)
+    model = build_decoder("top_down", {"embed": 16, "hidden": 16, "att_hidden": 8,
+                                       "dropout": 0.0}, 12, 8)
+    feats, mask = torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.bool)
+    drawn = sample(model, model.encode(feats, mask), 5, n=2)
+    advantage = torch.tensor([1.0, -1.0, 0.0, 0.0])  # sample 0 beat the greedy decode, 1 lost
+    loss = scst_loss(drawn.logprobs, generated_mask(drawn.tokens), advantage)
+    torch.optim.SGD(model.parameters(), lr=0.5).zero_grad()
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    with torch.no_grad():
+        captions = torch.cat([torch.ones(4, 1, dtype=torch.long), drawn.tokens], 1)
+        logits = model(feats, mask, captions, 2).logits
+        after = torch.log_softmax(logits, -1).gather(2, drawn.tokens[:, :, None]).squeeze(2)
+    gen = generated_mask(drawn.tokens)
+    before_total = (drawn.logprobs.detach() * gen).sum(1)
+    after_total = (after * gen).sum(1)
+    assert after_total[0] > before_total[0] and after_total[1] < before_total[1]
+
+
+def test_mean_baseline_excludes_the_samples_own_reward():
+    rewards = np.array([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 0.0, 4.0]])
+    np.testing.assert_allclose(mean_of_others(rewards),
+                               [[11 / 3, 10 / 3, 3.0, 2.0], [4 / 3, 4 / 3, 4 / 3, 0.0]])
+    with pytest.raises(CapstackError, match="at least 2 samples"):
+        mean_of_others(rewards[:, :1])
+
+
+def test_generated_tokens_and_words():
+    tokens = torch.tensor([[5, 6, EOS_ID, PAD_ID], [7, EOS_ID, PAD_ID, PAD_ID], [4, 5, 6, 7]])
+    assert generated_mask(tokens).tolist() == [[True, True, True, False],
+                                               [True, True, False, False], [True] * 4]
+    words, lengths = words_and_lengths(tokens)
+    assert lengths.tolist() == [2, 1, 4] and words[0].tolist() == [5, 6, 0, 0]
+
+
+@pytest.fixture(scope="module")
+def xe_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scst")
+    _, prepared = make_prepared(root)
+    from trainer.data import load_captions
+
+    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+    exp = write_experiment(root / "xe.yaml", decoder="top_down", captions=prepared,
+                           features=[store], epochs=2)
+    train(load_experiment(exp), root / "xe", progress=False)
+    build_cache(prepared, "train", root / "cider.npz")
+    return root, prepared, exp
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+def test_scst_run_starts_from_xe_and_logs_its_time_split(xe_run, tmp_path, baseline):
+    root, _, exp = xe_run
+    overrides = ["train.objective=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
+                 f"train.cider_cache={root / 'cider.npz'}", "train.lr=5e-5", "train.epochs=1",
+                 f"train.scst_baseline={baseline}", "train.scst_samples=3"]
+    result = train(load_experiment(exp, overrides), tmp_path / "rl", progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    start = [x for x in lines if x["kind"] == "val" and x["epoch"] == -1]
+    assert len(start) == 1 and result.best_cider >= start[0]["cider"]
+    step = [x for x in lines if x["kind"] == "train"][-1]
+    assert {"reward", "baseline", "time_sample", "time_reward", "time_backward"} <= set(step)
+    if baseline == "mean":
+        assert step["baseline"] == pytest.approx(step["reward"], abs=1e-9)
+
+
+def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
+    root, _, exp = xe_run
+    _, other = make_prepared(tmp_path, seed=9, n_train=5)
+    build_cache(other, "train", tmp_path / "other.npz")
+    with pytest.raises(CapstackError, match="another vocabulary"):
+        train(load_experiment(exp, ["train.objective=scst",
+                                    f"train.cider_cache={tmp_path / 'other.npz'}"]),
+              tmp_path / "rl", progress=False)
+    with pytest.raises(CapstackError, match="cider_cache: scst needs"):
+        load_experiment(exp, ["train.objective=scst"])
