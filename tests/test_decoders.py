@@ -17,7 +17,8 @@ from trainer.decoders.base import Decoder
 from trainer.train import xe_loss
 from trainer_fixtures import make_prepared, tiny_decoder_config
 
-NAMES = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down"]
+NAMES = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down",
+         "stack_cap", "stack_cap_star"]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,8 @@ def test_attention_rows_are_distributions_over_valid_locations(handful, name):
     assert (out.alphas[0, :, 3] == 0).all()  # the padded location of image 0
 
 
-@pytest.mark.parametrize("name", ["show_tell", "soft_attention", "top_down", "hard_attention"])
+@pytest.mark.parametrize("name", ["show_tell", "soft_attention", "top_down", "hard_attention",
+                                  "stack_cap"])
 def test_beam_of_one_equals_greedy(handful, name):
     feats, mask, _, vocab_size = handful
     torch.manual_seed(1)
@@ -206,3 +208,40 @@ def test_doubly_stochastic_penalty_matches_the_formula(handful):
                         for n in range(len(captions))])
     got = model.regularizer(out, targets, targets != 0, mask).item()
     assert got == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["stack_cap", "stack_cap_star"])
+def test_stack_cap_loss_is_the_sum_of_its_stages(handful, name):
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(0)
+    model = build_decoder(name, {**tiny_decoder_config(name), "fine_stages": 2}, vocab_size, 16)
+    model.eval()
+    targets = captions[:, 1:]
+    out = model(feats, mask, captions)
+    assert out.extras["stage_logits"].shape[0] == 3 and out.extras["stage_alphas"].shape[0] == 2
+    total = xe_loss(out.logits, targets) + model.regularizer(out, targets, targets != 0, mask)
+    per_stage = [xe_loss(logits, targets) for logits in out.extras["stage_logits"]]
+    assert total.item() == pytest.approx(sum(p.item() for p in per_stage), rel=1e-6)
+    # each stage decodes its own caption; the default head is the last stage
+    with torch.no_grad():
+        ctx = model.encode(feats, mask)
+        final = greedy(model, ctx, 6)
+        with model.heading(0):
+            coarse = greedy(model, ctx, 6)
+            assert coarse.alphas is not None
+        assert torch.equal(greedy(model, ctx, 6).tokens, final.tokens)
+
+
+def test_stack_cap_stacking_changes_only_the_attention_query(handful):
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(0)
+    stacked = build_decoder("stack_cap", tiny_decoder_config("stack_cap"), vocab_size, 16).eval()
+    star = build_decoder("stack_cap_star", tiny_decoder_config("stack_cap_star"), vocab_size, 16)
+    star.load_state_dict(stacked.state_dict())  # the same parameters
+    star.eval()
+    a, b = stacked(feats, mask, captions), star(feats, mask, captions)
+    sa, sb = a.extras["stage_logits"], b.extras["stage_logits"]
+    # at the first step the coarse stage and the first fine stage agree (alpha^0 = 0 in both);
+    # the second fine stage attends with h^1 + g^1 (eq 8) against h^1 alone
+    assert torch.allclose(sa[:2, :, 0], sb[:2, :, 0])
+    assert not torch.allclose(sa[2, :, 0], sb[2, :, 0])

@@ -20,7 +20,8 @@ TINY_ATTENTION = {"embed": 32, "hidden": 32, "att_hidden": 16}
 
 
 def tiny_decoder_config(name: str) -> dict:
-    return dict(TINY_ATTENTION if name in ("soft_attention", "hard_attention", "top_down")
+    return dict(TINY_ATTENTION if name in ("soft_attention", "hard_attention", "top_down", "stack_cap",
+                                             "stack_cap_star")
                 else TINY_DECODER)
 
 

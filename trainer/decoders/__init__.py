@@ -17,6 +17,8 @@ from trainer.decoders import (  # noqa: E402,F401  (each registers itself)
     lstm3,
     show_tell,
     soft_attention,
+    stack_cap,
+    stack_cap_star,
     top_down,
 )
 from trainer.decoders.base import Decoder  # noqa: E402
