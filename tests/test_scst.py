@@ -96,3 +96,41 @@ def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
               tmp_path / "rl", progress=False)
     with pytest.raises(CapstackError, match="cider_cache: scst needs"):
         load_experiment(exp, ["train.objective=scst"])
+
+
+class WordCount:
+    """A reward that counts one word: what SCST must then make the greedy decode say."""
+
+    def __init__(self, word_id: int):
+        self.word_id = word_id
+
+    def score(self, image_ids, words, lengths):
+        return (np.asarray(words) == self.word_id).sum(1).astype(np.float64)
+
+
+def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
+    from trainer.checkpoint import load_checkpoint
+    from trainer.data import eval_batches
+    from trainer.predict import predict
+    from trainer.scst import SelfCritical
+    from trainer.train import Run
+
+    root, _, exp = xe_run
+    config = load_experiment(exp, ["train.objective=scst", f"train.cider_cache={root / 'cider.npz'}",
+                                   "train.lr=2e-2", "train.batch_size=6"])
+    run = Run(config, tmp_path / "rl")
+    run.model.load_state_dict(load_checkpoint(root / "xe" / "best.pt")["model"])
+    word = run.captions.vocab.wtoi["red"] if "red" in run.captions.vocab.wtoi else 4
+    run.rl = SelfCritical(WordCount(word), samples=8, baseline="mean", max_len=8)
+
+    def share_saying_it():
+        preds = predict(run.model, run.captions.vocab,
+                        eval_batches(run.captions, run.features, "train", 12), run.device)
+        return np.mean([run.captions.vocab.itow[word] in p.words for p in preds])
+
+    before = share_saying_it()
+    for epoch in range(30):
+        for batch in run.batches.epoch(epoch):
+            run.train_step(batch, 0.0)
+    after = share_saying_it()
+    assert after > before and after >= 0.75, (before, after)
