@@ -94,7 +94,7 @@ def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
         train(load_experiment(exp, ["train.objective=scst",
                                     f"train.cider_cache={tmp_path / 'other.npz'}"]),
               tmp_path / "rl", progress=False)
-    with pytest.raises(CapstackError, match="cider_cache: scst needs"):
+    with pytest.raises(CapstackError, match="cider_cache: RL needs"):
         load_experiment(exp, ["train.objective=scst"])
 
 

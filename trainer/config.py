@@ -54,11 +54,12 @@ class TrainConfig:
     val_images: int = 0  # 0: the whole validation split
     max_len: int = 16  # decoding length in validation and evaluation
     seed: int = 0
-    objective: str = "xe"  # xe | scst
+    objective: str = "xe"  # xe | scst | c2f (Stack-Cap's coarse-to-fine reward)
     init_from: str = ""  # a checkpoint whose weights start this run (RL after XE)
     cider_cache: str = ""  # scst: the `capstack cider-cache` file of the train split
     scst_samples: int = 5  # sampled captions per image
     scst_baseline: str = "greedy"  # greedy | mean (of the image's other samples)
+    c2f_coarse_term: bool = False  # c2f: add a self-critical term for the coarse stage
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: bool = True  # bfloat16 autocast on CUDA; ignored on CPU
 
@@ -186,9 +187,10 @@ def check_experiment(config: ExperimentConfig, where: str) -> None:
         (config.train.lr > 0, "train.lr: must be positive"),
         (len(config.train.betas) == 2, "train.betas: expected two numbers"),
         (config.eval.beam_size >= 1, "eval.beam_size: must be at least 1"),
-        (config.train.objective in ("xe", "scst"), "train.objective: expected xe or scst"),
-        (config.train.objective != "scst" or bool(config.train.cider_cache),
-         "train.cider_cache: scst needs the CIDEr-D cache (capstack cider-cache)"),
+        (config.train.objective in ("xe", "scst", "c2f"),
+         "train.objective: expected xe, scst or c2f"),
+        (config.train.objective == "xe" or bool(config.train.cider_cache),
+         "train.cider_cache: RL needs the CIDEr-D cache (capstack cider-cache)"),
         (config.eval.split in ("train", "val", "test"), "eval.split: expected train, val or test"),
     ]
     for ok, problem in checks:

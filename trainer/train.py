@@ -32,6 +32,7 @@ from trainer.data import Captions, Features, TrainBatches, check_coverage, load_
 from trainer.decoders import build_decoder, decoder_config
 from trainer.decoders.base import Decoder
 from trainer.rewards.cider import CiderD
+from trainer.c2f import CoarseToFine
 from trainer.scst import SelfCritical
 from trainer.validate import validate
 
@@ -110,10 +111,20 @@ class Run:
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
         self.events = tensorboard_writer(self.out_dir)
-        self.rl = self.self_critical() if t.objective == "scst" else None
+        self.rl = self.reinforcement() if t.objective in ("scst", "c2f") else None
 
-    def self_critical(self) -> SelfCritical:
-        """The SCST objective, refused when its cached references are of other data."""
+    def reinforcement(self):
+        """SCST or Stack-Cap's C2F, refused when the cached references are of other data."""
+        t = self.config.train
+        scorer = self.reward_cache()
+        if t.objective == "c2f":
+            if not hasattr(self.model, "heading"):
+                raise CapstackError(f"train.objective c2f needs a coarse-to-fine decoder "
+                                    f"(stack_cap, stack_cap_star), got {self.config.decoder}")
+            return CoarseToFine(scorer, t.scst_samples, t.max_len, t.c2f_coarse_term)
+        return SelfCritical(scorer, t.scst_samples, t.scst_baseline, t.max_len)
+
+    def reward_cache(self) -> CiderD:
         t = self.config.train
         scorer = CiderD.load(t.cider_cache)
         if scorer.vocab_digest() != self.identity["vocab"]["md5"]:
@@ -124,7 +135,7 @@ class Run:
         if len(lacking):
             raise CapstackError(f"{t.cider_cache}: has no references for image {lacking[0]} of "
                                 f"{self.captions.folder}'s train split (another dataset?)")
-        return SelfCritical(scorer, t.scst_samples, t.scst_baseline, t.max_len)
+        return scorer
 
     def start_from(self, path: str) -> None:
         """Weights of another run's checkpoint (RL after XE), on the same data and decoder."""
