@@ -1,0 +1,84 @@
+"""SCST step time at the papers' setting, split into sampling, reward and backward.
+
+`top_down` with hidden 512, vocabulary 9,487, 36x2048 regions, 50 images x 5
+sampled captions of at most 16 words plus the 50 greedy decodes of the
+baseline; rewards from the cached CIDEr-D of synthetic references (5 per
+image). The time of a step is split as the trainer logs it.
+
+    python benchmarks/scst_step.py [--steps 3] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from trainer.decoders import build_decoder  # noqa: E402
+from trainer.rewards.cider import CiderD  # noqa: E402
+from trainer.scst import SelfCritical  # noqa: E402
+
+VOCAB = 9487
+
+
+def synthetic_scorer(images: int, rng) -> CiderD:
+    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
+    frequent = rng.zipf(1.3, size=200_000) % (VOCAB - 4) + 4  # a long-tailed word distribution
+    refs, k = {}, 0
+    for image in range(images):
+        captions = []
+        for _ in range(5):
+            n = int(rng.integers(8, 16))
+            captions.append(" ".join(words[w] for w in frequent[k:k + n]))
+            k += n
+        refs[image] = captions
+    return CiderD.from_references(refs, words)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    rng = np.random.default_rng(0)
+    scorer = synthetic_scorer(50, rng)
+    torch.manual_seed(0)
+    model = build_decoder("top_down", {"hidden": 512, "embed": 512, "att_hidden": 512},
+                          VOCAB, 2048).to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-5)
+    feats = torch.randn(50, 36, 2048, device=device).abs()
+    mask = torch.ones(50, 36, dtype=torch.bool, device=device)
+    rl = SelfCritical(scorer, samples=5, baseline="greedy", max_len=16)
+    print(f"device: {device} ({torch.get_num_threads()} threads); top_down hidden 512, vocab {VOCAB}, "
+          f"36x2048 regions, 50 images x 5 samples + 50 greedy, max length 16")
+    rows = []
+    for step in range(args.steps + 1):
+        started = time.perf_counter()
+        loss, stats = rl.loss(model, feats, mask, list(range(50)))
+        backward_started = time.perf_counter()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        total = time.perf_counter() - started
+        if step:  # the first step warms up
+            rows.append((total, stats["time_sample"], stats["time_reward"],
+                         time.perf_counter() - backward_started))
+    total, sampling, reward, backward = np.mean(rows, 0)
+    print(f"step {total:.2f} s: sampling + greedy {sampling:.2f} s ({sampling / total:.0%}), "
+          f"reward {reward * 1000:.1f} ms ({reward / total:.1%}), backward + Adam {backward:.2f} s "
+          f"({backward / total:.0%})")
+
+
+if __name__ == "__main__":
+    main()
