@@ -134,3 +134,20 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
             run.train_step(batch, 0.0)
     after = share_saying_it()
     assert after > before and after >= 0.75, (before, after)
+
+
+def test_scst_resumes_exactly(xe_run, tmp_path):
+    root, _, exp = xe_run
+    overrides = ["train.objective=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
+                 f"train.cider_cache={root / 'cider.npz'}", "train.lr=5e-4", "train.epochs=2",
+                 "train.scst_samples=2"]
+
+    def losses(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["loss"] for x in lines if json.loads(x)["kind"] == "train"]
+
+    train(load_experiment(exp, overrides), tmp_path / "whole", progress=False)
+    train(load_experiment(exp, overrides + ["train.epochs=1"]), tmp_path / "split", progress=False)
+    resumed = train(load_experiment(exp, overrides), tmp_path / "split", progress=False)
+    assert resumed.resumed_at == (1, 0)
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")

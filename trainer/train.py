@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -58,6 +59,15 @@ def pick_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CapstackError(f"train.device: {name!r} asked for, but no CUDA device is available")
     return device
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory now (Linux), for the log: RL must keep it flat."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def tensorboard_writer(out_dir: Path):
@@ -212,7 +222,8 @@ class Run:
         if self.events is not None:
             step = entry.get("step", self.step)
             for key, value in entry.items():
-                if key not in ("kind", "epoch", "step", "time") and isinstance(value, (int, float)):
+                if key not in ("kind", "epoch", "step", "time") and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
                     self.events.add_scalar(f"{entry['kind']}/{key}", value, step)
             self.events.flush()
 
@@ -269,7 +280,8 @@ class Run:
         cider = validate(self.model, self.captions, self.features, self.device,
                          max_len=self.config.train.max_len, limit=self.config.train.val_images,
                          autocast=self.autocast)
-        self.log({"kind": "val", "epoch": self.epoch, "cider": cider, "time": time.time()})
+        self.log({"kind": "val", "epoch": self.epoch, "cider": cider, "rss_mb": resident_mb(),
+                  "time": time.time()})
         self.scheduler.step()
         self.epoch, self.batch = self.epoch + 1, 0
         if cider > self.best_cider:
