@@ -29,8 +29,9 @@ def test_advantage_is_equation_15():
 @pytest.fixture(scope="module")
 def stack_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("c2f")
-    _, prepared = make_prepared(root)
-    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+    dataset, prepared = make_prepared(root)
+    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids,
+                                image_root=dataset.parent)
     exp = write_experiment(root / "stack.yaml", decoder="stack_cap", captions=prepared,
                            features=[store], epochs=1)
     train(load_experiment(exp), root / "xe", progress=False)
@@ -57,3 +58,12 @@ def test_c2f_needs_a_coarse_to_fine_decoder(stack_run, tmp_path):
         train(load_experiment(exp, ["train.objective=c2f",
                                     f"train.cider_cache={root / 'cider.npz'}"]),
               tmp_path / "run", progress=False)
+
+
+def test_evaluation_draws_every_stage_like_figure_3(stack_run, tmp_path):
+    from trainer.evaluate import evaluate_checkpoint
+
+    root = stack_run[0]
+    evaluate_checkpoint(root / "xe", tmp_path / "eval", beam_size=2, figures=2, spice=False)
+    assert len(list((tmp_path / "eval" / "stages").glob("*.png"))) == 2
+    assert len(list((tmp_path / "eval" / "attention").glob("*.png"))) == 2

@@ -175,3 +175,16 @@ def test_no_train_lines_raises(tmp_path):
 def test_missing_metrics_file_raises(tmp_path):
     with pytest.raises(CapstackError, match="not found"):
         training_curves(tmp_path / "absent.jsonl", tmp_path / "curves.png")
+
+
+def test_stages_figure_has_a_row_per_stage(tmp_path):
+    from trainer.figures import stages_figure
+
+    image = np.zeros((48, 64, 3), np.uint8)
+    alphas = np.full((3, 16), 1 / 16)
+    out = stages_figure(image, [("coarse", ["a", "red"], None), ("fine 1", ["a", "red", "dot"], alphas),
+                                ("fine 2", ["a", "dot"], alphas)], tmp_path / "s.png", grid=4)
+    two = stages_figure(image, [("coarse", ["a"], None), ("fine 1", ["a"], alphas[:1])],
+                        tmp_path / "t.png", grid=4)
+    from PIL import Image
+    assert Image.open(out).size[1] > Image.open(two).size[1]

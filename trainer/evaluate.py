@@ -23,7 +23,7 @@ from trainer.checkpoint import check_identity, identity, load_checkpoint
 from trainer.data import Features, check_coverage, eval_batches, load_captions
 from trainer.decoders import build_decoder, decoder_config
 from trainer.decoders.base import Decoder
-from trainer.figures import attention_figure, training_curves
+from trainer.figures import attention_figure, stages_figure, training_curves
 from trainer.metrics import load_references, score
 from trainer.predict import Prediction, predict
 from trainer.train import pick_device
@@ -68,6 +68,9 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                "checkpoint": ckpt["path"], "epoch": ckpt["best_epoch"] + 1}
     _write_json(out_dir / "metrics.json", metrics)
     _pictures(preds[:figures], features, captions, out_dir)
+    if hasattr(model, "heading") and figures:
+        _stage_pictures(model, vocab, [p.image_id for p in preds[:figures]], features, captions,
+                        out_dir, dev, max_len)
     run_dir = Path(ckpt["path"]).parent
     if (run_dir / "metrics.jsonl").is_file():
         training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png")
@@ -88,6 +91,34 @@ def _pictures(preds: list[Prediction], features: Features, captions, out_dir: Pa
         image = np.asarray(Image.open(path).convert("RGB"))
         attention_figure(image, p.words, p.alphas, out_dir / "attention" / f"{p.image_id}.png",
                          grid=grid, boxes=None if grid else p.boxes, title=" ".join(p.words))
+
+
+def _stage_pictures(model, vocab, image_ids: list[int], features: Features, captions,
+                    out_dir: Path, device, max_len: int) -> None:
+    """Stack-Cap's Figure 3: every stage's greedy caption and attention, coarse to fine."""
+    grid = features.grid_size
+    batch = next(eval_batches_of(features, image_ids))
+    per_stage = []
+    for stage in range(model.stages):
+        with model.heading(stage):
+            per_stage.append(predict(model, vocab, [batch], device, max_len=max_len))
+    files = _image_files(features, captions)
+    for k, image_id in enumerate(image_ids):
+        path = files.get(image_id)
+        if path is None or not path.is_file() or (grid is None and per_stage[1][k].boxes is None):
+            continue
+        rows = [("coarse" if i == 0 else f"fine {i}", p[k].words, None if i == 0 else p[k].alphas)
+                for i, p in enumerate(per_stage)]
+        stages_figure(np.asarray(Image.open(path).convert("RGB")), rows,
+                      out_dir / "stages" / f"{image_id}.png", grid=grid,
+                      boxes=None if grid else per_stage[1][k].boxes)
+
+
+def eval_batches_of(features: Features, image_ids: list[int]):
+    from trainer.data import EvalBatch
+
+    feats, mask, boxes = features.read(image_ids)
+    yield EvalBatch(list(image_ids), feats.clone(), mask.clone(), boxes)
 
 
 def _image_files(features: Features, captions) -> dict[int, Path]:

@@ -257,6 +257,46 @@ def attention_figure(
     return _save_png(fig, out)
 
 
+def stages_figure(
+    image: np.ndarray,
+    stages: list[tuple[str, list[str], np.ndarray | None]],
+    out: Path,
+    *,
+    grid: int | None = None,
+    boxes: np.ndarray | None = None,
+) -> Path:
+    """Stack-Cap's Figure 3: one row per stage, its caption and its attention per word.
+
+    ``stages`` holds (label, words, alphas [T, L] or None) from coarse to fine;
+    a stage without attention (the coarse LSTM) shows its caption on the image.
+    """
+    out = Path(out)
+    image = _check_image(image, out)
+    cols = 1 + max(len(words) for _, words, _ in stages)
+    height, width = image.shape[:2]
+    panel_height = PANEL_WIDTH_IN * height / width + TITLE_HEIGHT_IN
+    fig = Figure(figsize=(cols * PANEL_WIDTH_IN * 0.8, len(stages) * panel_height * 0.8),
+                 layout="constrained")
+    for r, (label, words, alphas) in enumerate(stages):
+        first = fig.add_subplot(len(stages), cols, r * cols + 1)
+        first.imshow(image)
+        first.set_axis_off()
+        first.set_title(f"{label}: {' '.join(words)}", loc="left", fontsize=8)
+        if alphas is None:
+            continue
+        alphas = _check_alphas(alphas, len(words), out)
+        stage_boxes = _check_locations(alphas, grid, boxes, out)
+        for k, (word, row) in enumerate(zip(words, alphas)):
+            ax = fig.add_subplot(len(stages), cols, r * cols + 2 + k)
+            ax.set_axis_off()
+            if stage_boxes is None:
+                _draw_grid_panel(ax, image, row, grid)
+            else:
+                _draw_box_panel(ax, image, row, stage_boxes)
+            ax.set_title(word, fontsize=8)
+    return _save_png(fig, out)
+
+
 # --------------------------------------------------------------------------
 # Training curves
 # --------------------------------------------------------------------------
