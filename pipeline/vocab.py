@@ -8,6 +8,7 @@ alphabetical, so the same captions always give the same ids.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,10 @@ from pipeline.errors import CapstackError
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+
+
+def digest_words(itow: Sequence[str]) -> str:
+    return hashlib.md5(json.dumps(list(itow)).encode()).hexdigest()
 
 
 class Vocabulary:
@@ -55,6 +60,10 @@ class Vocabulary:
                 continue
             words.append(self.itow[i])
         return words
+
+    def digest(self) -> str:
+        """md5 of the id -> word list: what checkpoints and reward caches compare."""
+        return digest_words(self.itow)
 
     def to_json(self) -> dict:
         return {"itow": self.itow, "counts": self.counts, "min_count": self.min_count,

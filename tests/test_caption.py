@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from pipeline.errors import CapstackError
 from pipeline.extract.backbones import build_resnet
 from pipeline.extract.grid import GridSettings, extract_grid
 from pipeline.extract.region_extraction import RegionSettings, extract_regions

@@ -9,14 +9,13 @@ than the checkpoint's is refused, naming the field and both values.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import torch
 
 from pipeline.atomic import atomic_file
 from pipeline.errors import CapstackError
+from pipeline.vocab import digest_words
 
 FORMAT = "capstack-checkpoint-1"
 
@@ -27,7 +26,7 @@ def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: 
         "decoder": decoder,
         "decoder_config": decoder_config,
         "vocab": {"size": len(vocab_itow),
-                  "md5": hashlib.md5(json.dumps(vocab_itow).encode()).hexdigest()},
+                  "md5": digest_words(vocab_itow)},
         "stores": [{"kind": s["kind"], "fingerprint": s["fingerprint"]} for s in stores],
     }
 

@@ -11,8 +11,6 @@ so a resumed run sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -54,7 +52,7 @@ class Captions:
         return self.folder / f"refs_{split}.json"
 
     def vocab_digest(self) -> str:
-        return hashlib.md5(json.dumps(self.vocab.itow).encode()).hexdigest()
+        return self.vocab.digest()
 
 
 def load_captions(folder: str | Path) -> Captions:
@@ -271,9 +269,13 @@ def eval_batches(captions: Captions, features: Features, split: str, batch_size:
                  limit: int = 0) -> Iterator[EvalBatch]:
     """The split's images in prepared order (the first ``limit`` when > 0)."""
     ids = captions.image_ids[captions.rows(split)].tolist()
-    ids = ids[:limit] if limit else ids
-    for start in range(0, len(ids), batch_size):
-        chunk = ids[start:start + batch_size]
+    return batches_of(features, ids[:limit] if limit else ids, batch_size)
+
+
+def batches_of(features: Features, image_ids: Sequence[int], batch_size: int) -> Iterator[EvalBatch]:
+    """These images' features in batches (copied out of the reused read buffer)."""
+    for start in range(0, len(image_ids), batch_size):
+        chunk = list(image_ids[start:start + batch_size])
         feats, mask, boxes = features.read(chunk)
         yield EvalBatch(chunk, feats.clone(), mask.clone(), boxes)
 

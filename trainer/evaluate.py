@@ -20,7 +20,7 @@ from pipeline.atomic import atomic_file
 from pipeline.errors import CapstackError
 from pipeline.vocab import Vocabulary
 from trainer.checkpoint import check_identity, identity, load_checkpoint
-from trainer.data import Features, check_coverage, eval_batches, load_captions
+from trainer.data import Features, batches_of, check_coverage, eval_batches, load_captions
 from trainer.decoders import build_decoder, decoder_config
 from trainer.decoders.base import Decoder
 from trainer.figures import attention_figure, stages_figure, training_curves
@@ -97,7 +97,7 @@ def _stage_pictures(model, vocab, image_ids: list[int], features: Features, capt
                     out_dir: Path, device, max_len: int) -> None:
     """Stack-Cap's Figure 3: every stage's greedy caption and attention, coarse to fine."""
     grid = features.grid_size
-    batch = next(eval_batches_of(features, image_ids))
+    batch = next(batches_of(features, image_ids, len(image_ids)))
     per_stage = []
     for stage in range(model.stages):
         with model.heading(stage):
@@ -112,13 +112,6 @@ def _stage_pictures(model, vocab, image_ids: list[int], features: Features, capt
         stages_figure(np.asarray(Image.open(path).convert("RGB")), rows,
                       out_dir / "stages" / f"{image_id}.png", grid=grid,
                       boxes=None if grid else per_stage[1][k].boxes)
-
-
-def eval_batches_of(features: Features, image_ids: list[int]):
-    from trainer.data import EvalBatch
-
-    feats, mask, boxes = features.read(image_ids)
-    yield EvalBatch(list(image_ids), feats.clone(), mask.clone(), boxes)
 
 
 def _image_files(features: Features, captions) -> dict[int, Path]:

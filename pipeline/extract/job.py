@@ -27,7 +27,7 @@ from pipeline.fingerprint import fingerprint, images_digest
 from pipeline.hashing import HashCache
 from pipeline.karpathy import load_karpathy
 from pipeline.runlock import exclusive_run
-from pipeline.stores.pointer import read_pointer, write_pointer  # noqa: F401 (re-exported)
+from pipeline.stores.pointer import write_pointer
 from pipeline.stores import create_writer, open_store, store_format
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}

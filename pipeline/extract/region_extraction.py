@@ -9,7 +9,6 @@ boxes), and pooled by the detector of :mod:`pipeline.extract.regions`.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 

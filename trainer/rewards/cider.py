@@ -21,7 +21,6 @@ above it, so they never match a candidate word (``<unk>`` included).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 
 from pipeline.atomic import atomic_file
 from pipeline.errors import CapstackError
+from pipeline.vocab import digest_words
 
 MAX_N = 4
 SIGMA = 6.0
@@ -181,7 +181,7 @@ class CiderD:
     # ------------------------------------------------------------------ files
 
     def vocab_digest(self) -> str:
-        return hashlib.md5(json.dumps(self.words[:self.vocab_size]).encode()).hexdigest()
+        return digest_words(self.words[:self.vocab_size])
 
     def save(self, path: str | Path) -> None:
         arrays = {k: getattr(self, k) for k in ("ngrams", "df", "image_ids", "ref_start",
