@@ -140,12 +140,13 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 @stage_command("extract-regions", code="pipeline.extract.region_extraction")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--arch", type=click.Choice(["fpn", "c5"]), default="fpn", show_default=True,
-              help="fpn: torchvision's fasterrcnn_resnet50_fpn (1024-d box head); c5: bottom-up "
-                   "layout, RoIAlign on a ResNet's layer4, mean-pooled.")
+@click.option("--arch", type=click.Choice(["fpn", "c4", "c5"]), default="fpn", show_default=True,
+              help="fpn: torchvision's fasterrcnn_resnet50_fpn (1024-d box head); c4: the "
+                   "bottom-up layout, RoIAlign 14x14 on a ResNet's layer3, then layer4, "
+                   "mean-pooled; c5: RoIAlign 7x7 on layer4, mean-pooled.")
 @click.option("--backbone", default="resnet50", show_default=True)
 @click.option("--weights", default=None,
-              help="Detector (or, for c5, ResNet) state_dict, or 'random' [torchvision's cache].")
+              help="Detector (or, for c4/c5, ResNet) state_dict, or 'random' [torchvision's cache].")
 @click.option("--weights-kind", type=click.Choice(["auto", "detector", "backbone"]),
               default="auto", show_default=True)
 @click.option("--boxes", type=click.Choice(["detect", "given"]), default="detect",
@@ -444,10 +445,19 @@ def run_cmd(stage, stages_path, workdir, force, with_deps, assignments):
 @main.command("demo")
 @_stages_options
 def demo_cmd(stages_path, workdir):
-    """Every stage in order, each skipped when up to date."""
+    """The stages file's demo (its `demo:` stages and all they need; else every stage), in
+    order, each skipped when up to date."""
     pipeline = _pipeline(stages_path, workdir)
-    ran = pipeline.run_all(report=click.echo)
-    click.echo(f"demo: {len(ran)} stage(s) ran, {len(pipeline.file.order) - len(ran)} up to date.")
+    targets = pipeline.file.demo
+    if not targets:
+        ran, total = pipeline.run_all(report=click.echo), len(pipeline.file.order)
+    else:
+        ran, needed = [], set(targets)
+        for target in targets:
+            needed.update(pipeline.upstream_closure(target))
+            ran += pipeline.run(target, with_deps=True, report=click.echo)
+        total = len(needed)
+    click.echo(f"demo: {len(ran)} stage(s) ran, {total - len(ran)} up to date.")
 
 
 if __name__ == "__main__":

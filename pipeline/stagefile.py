@@ -15,7 +15,26 @@ is run with (``params``)::
         outs: [data/prepared]
 
 ``${name}`` is replaced by the stage's own param, else by the shared one; a
-stage's recorded params are its own plus the shared ones it uses. A dep that is
+stage's recorded params are its own plus the shared ones it uses.
+
+One entry can declare a family of stages, as DVC's ``foreach``/``do`` does::
+
+      train:
+        foreach:                 # key -> values of ${item.NAME}
+          show_tell: {features: grid}
+          top_down: {features: regions}
+        do:
+          cmd: capstack train configs/experiments/${key}.yaml --out runs/${key}
+          deps:
+            - data/features/${item.features}.json
+          outs:
+            - runs/${key}
+
+gives the stages ``train@show_tell`` and ``train@top_down``; the ``${key}`` and
+``${item.NAME}`` a stage uses are recorded among its params.
+
+A top-level ``demo: [report]`` names what ``capstack demo`` builds: those stages
+and every stage they need (without it, every stage). A dep that is
 (or lies inside, or contains) another stage's out makes that stage upstream.
 Every problem is reported as ``FILE: FIELD: problem`` before anything runs.
 """
@@ -35,8 +54,9 @@ from pipeline.errors import CapstackError
 
 _PARAM_REF = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_TOP_KEYS = {"params", "stages"}
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+)?$")  # @key: foreach
+_LOOP_KEYS = {"foreach", "do"}
+_TOP_KEYS = {"params", "stages", "demo"}
 _STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params"}
 _SCALARS = (str, int, float, bool)
 
@@ -66,6 +86,7 @@ class StageTemplate:
     deps: tuple[str, ...]
     outs: tuple[str, ...]
     params: dict[str, Any]
+    loop: dict[str, Any] = field(default_factory=dict)  # ${key}, ${item.NAME} of a foreach
 
 
 @dataclass
@@ -75,6 +96,7 @@ class StagesFile:
     templates: dict[str, StageTemplate]  # in file order
     commands: frozenset[str]
     stages: dict[str, Stage] = field(default_factory=dict)
+    demo: tuple[str, ...] = ()  # what `capstack demo` builds (with what it needs); () = all
     upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
     order: tuple[str, ...] = ()
 
@@ -114,12 +136,18 @@ def load_stages_file(path: str | os.PathLike, commands: Iterable[str]) -> Stages
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, dict) or not stages_raw:
         raise CapstackError(f"{path}: stages: expected a mapping of stage names to stages")
-    templates = {name: _check_stage(path, name, body) for name, body in stages_raw.items()}
+    templates = {}
+    for name, body in stages_raw.items():
+        for template in _expand(path, name, body):
+            if template.name in templates:
+                raise CapstackError(f"{path}: stages.{template.name}: declared twice")
+            templates[template.name] = template
     resolved = {
         name: _resolve(path, t, shared, t.params, commands) for name, t in templates.items()
     }
     sf = StagesFile(path=path, params=shared, templates=templates, commands=commands,
                     stages=resolved)
+    sf.demo = _check_demo(path, raw.get("demo"), resolved)
     _check_outs_disjoint(path, resolved)
     sf.upstream = _upstream_of(resolved)
     sf.order = _topological_order(path, resolved, sf.upstream)
@@ -150,6 +178,19 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+def _check_demo(path: Path, demo: Any, stages: Mapping[str, Stage]) -> tuple[str, ...]:
+    """The top-level ``demo:`` list (or one name): stages that exist."""
+    if demo is None:
+        return ()
+    names = [demo] if isinstance(demo, str) else demo
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise CapstackError(f"{path}: demo: expected a stage name or a list of them")
+    for name in names:
+        if name not in stages:
+            raise CapstackError(f"{path}: demo: no stage named '{name}'")
+    return tuple(names)
+
+
 def _type_name(value: Any) -> str:
     return type(value).__name__
 
@@ -174,6 +215,32 @@ def _check_str_list(path: Path, where: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise CapstackError(f"{path}: {where}: expected a list of paths")
     return tuple(value)
+
+
+def _expand(path: Path, name: Any, body: Any) -> list[StageTemplate]:
+    """One stage, or the ``name@key`` stages of a ``foreach``/``do`` entry."""
+    if not isinstance(body, dict) or "foreach" not in body:
+        return [_check_stage(path, name, body)]
+    where = f"stages.{name}"
+    if not isinstance(name, str) or not _STAGE_NAME.match(name):
+        raise CapstackError(f"{path}: {where}: invalid stage name")
+    unknown = sorted(set(body) - _LOOP_KEYS)
+    if unknown:
+        raise CapstackError(f"{path}: {where}.{unknown[0]}: unknown key next to foreach "
+                            f"(allowed: do, foreach)")
+    items = body["foreach"]
+    if isinstance(items, list):
+        items = {str(item): {} for item in items}
+    if not isinstance(items, dict) or not items:
+        raise CapstackError(f"{path}: {where}.foreach: expected a non-empty list of keys or a "
+                            f"mapping of keys to values")
+    templates = []
+    for key, values in items.items():
+        values = _check_params(path, f"{where}.foreach.{key}", values or {})
+        template = _check_stage(path, f"{name}@{key}", body.get("do"))
+        loop = {"key": str(key), **{f"item.{k}": v for k, v in values.items()}}
+        templates.append(StageTemplate(**{**template.__dict__, "loop": loop}))
+    return templates
 
 
 def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
@@ -232,7 +299,7 @@ def _normalise(p: str) -> str:
 def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mapping[str, Any],
              commands: frozenset) -> Stage:
     where = f"stages.{t.name}"
-    lookup = {**shared, **own}
+    lookup = {**shared, **own, **t.loop}
     used: dict[str, Any] = {}
     cmd = _substitute(path, f"{where}.cmd", t.cmd, lookup, used, quote=True)
     deps = tuple(_normalise(_substitute(path, f"{where}.deps", d, lookup, used, False))

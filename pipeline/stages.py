@@ -171,7 +171,7 @@ class Pipeline:
             result[name] = st
         return result
 
-    def _upstream_closure(self, name: str) -> list[str]:
+    def upstream_closure(self, name: str) -> list[str]:
         """Stages ``name`` depends on, directly or not, in run order."""
         needed: set[str] = set()
         todo = list(self.file.upstream[name])
@@ -191,7 +191,7 @@ class Pipeline:
         Returns the names of the stages that actually ran.
         """
         stage = self.file.with_overrides(name, assignments)
-        upstream = self._upstream_closure(name)
+        upstream = self.upstream_closure(name)
         if upstream:
             states = self.statuses()
             behind = [u for u in upstream if not states[u].up_to_date]

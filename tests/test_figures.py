@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from pipeline.errors import CapstackError
-from trainer.figures import attention_figure, training_curves, upsampled_attention
+from trainer.figures import attention_figure, on_one_axis, training_curves, upsampled_attention
 
 H, W, K = 48, 64, 4
 
@@ -152,6 +152,20 @@ def test_training_curves_writes_png(tmp_path):
     out = training_curves(metrics, tmp_path / "curves.png")
     assert out == tmp_path / "curves.png"
     _png_size(out)
+
+
+def test_xe_then_rl_curves_on_one_axis(tmp_path):
+    xe_val = [{"kind": "val", "epoch": e, "cider": 0.3 + 0.05 * e} for e in range(3)]
+    xe = _write_jsonl(tmp_path / "xe.jsonl", _train_records(60) + xe_val)
+    rl_train = [{"kind": "train", "epoch": 0, "step": s, "loss": -0.1} for s in range(1, 21)]
+    rl_val = [{"kind": "val", "epoch": -1, "cider": 0.4, "start": "xe/best.pt"},
+              {"kind": "val", "epoch": 0, "cider": 0.45}]
+    rl = _write_jsonl(tmp_path / "rl.jsonl", rl_train + rl_val)
+    first, then = on_one_axis((_train_records(60), xe_val), (rl_train, rl_val))
+    assert [r["step"] for r in then[0]][:2] == [60, 61]  # after XE's last step (59)
+    assert [(r["epoch"], r["cider"]) for r in then[1]] == [(2, 0.4), (3, 0.45)]
+    assert first == (_train_records(60), xe_val)
+    _png_size(training_curves(rl, tmp_path / "curves.png", before=xe))
 
 
 def test_training_curves_without_val_lines(tmp_path):

@@ -285,11 +285,32 @@ def test_write_report(tmp_path):
     lines = md_path.read_text().splitlines()
     assert lines[0] == "| " + " | ".join(R.COLUMNS) + " |"
     assert lines[1] == "|" + "---|" * len(R.COLUMNS)
-    assert lines[2].startswith("| Up-Down | 75.1 | 50.0 | 45.0 | 36.2 | 27.8 | 56.5 | 113.5 | n/a |")
+    assert lines[2].startswith("| Up-Down |  | 75.1 | 50.0 | 45.0 | 36.2 | 27.8 | 56.5 | 113.5 | n/a |")
     assert "Plain \\| grid" in lines[3]
     assert [ln for ln in lines if ln.startswith("SPICE:")] == [f"SPICE: n/a — {spice_reason}"]
     assert "METEOR: n/a — java not found" in lines
     assert not [p for p in md_path.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_report_has_an_xe_block_and_an_rl_block(tmp_path):
+    files = [_write(tmp_path / f"{name}.json", {"approach": approach, "objective": objective,
+                                                "epoch": 0 if name == "a" else 3,
+                                                "metrics": dict(SCORED, CIDEr=cider)})
+             for name, approach, objective, cider in [
+                 ("a", "top_down", "scst", 1.1), ("b", "top_down", "xe", 1.1),
+                 ("c", "stack_cap", "c2f", 1.3), ("d", "stack_cap", "xe", 1.15)]]
+    csv_path, md_path = R.write_report(files, tmp_path / "out")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["Training"]) == ["XE", "XE", "SCST", "C2F"]  # XE block first, order kept
+    assert list(frame["CIDEr"]) == [110.0, 115.0, 110.0, 130.0]
+    text = md_path.read_text()
+    xe, rl = text.split("**Reinforcement with CIDEr-D rewards (SCST; C2F for Stack-Cap)**")
+    assert xe.startswith("**Cross-entropy training**")
+    assert "| top_down | XE |" in xe and "| stack_cap | XE |" in xe and "SCST" not in xe
+    assert "| top_down | SCST |" in rl and "| stack_cap | C2F |" in rl and "| XE |" not in rl
+    # an RL run whose best is still its start says so
+    assert ("top_down (SCST): no RL epoch beat its XE start on validation CIDEr; the row is "
+            "that start checkpoint") in rl and "stack_cap (C2F): no RL" not in rl
 
 
 def test_load_metrics_file(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 from torchvision.models import resnet18, resnet50
+from torchvision.ops import roi_align
 
 from pipeline.errors import CapstackError
 from pipeline.extract.regions import RegionFeatureExtractor, build_detector, \
@@ -30,8 +31,14 @@ def c5():
 
 
 @pytest.fixture(scope="module")
-def detectors(fpn, c5):
-    return {"fpn": (fpn, 1024), "c5": (c5, 512)}
+def c4():
+    torch.manual_seed(0)
+    return build_detector("c4", backbone="resnet18", min_size=MIN_SIZE, max_size=MAX_SIZE)
+
+
+@pytest.fixture(scope="module")
+def detectors(fpn, c5, c4):
+    return {"fpn": (fpn, 1024), "c5": (c5, 512), "c4": (c4, 512)}
 
 
 def random_images():
@@ -51,7 +58,7 @@ def check_region_dict(out: dict, n: int, dim: int, height: int, width: int):
 
 # --------------------------------------------------------------------------- detect mode
 
-@pytest.mark.parametrize("arch", ["fpn", "c5"])
+@pytest.mark.parametrize("arch", ["fpn", "c5", "c4"])
 def test_detect_mode_shapes_and_bounds(detectors, arch):
     detector, dim = detectors[arch]
     extractor = RegionFeatureExtractor(detector, min_boxes=10, max_boxes=30, conf_thresh=0.01)
@@ -73,7 +80,7 @@ def test_detect_mode_shapes_and_bounds(detectors, arch):
         assert above.all() or n == 10  # below threshold only to fill up to min_boxes
 
 
-@pytest.mark.parametrize("arch", ["fpn", "c5"])
+@pytest.mark.parametrize("arch", ["fpn", "c5", "c4"])
 def test_detect_mode_fixed_36(detectors, arch):
     detector, dim = detectors[arch]
     extractor = RegionFeatureExtractor(detector, min_boxes=36, max_boxes=36, conf_thresh=0.2)
@@ -132,7 +139,7 @@ def test_select_regions_bottom_up_rule():
 
 # --------------------------------------------------------------------------- given mode
 
-@pytest.mark.parametrize("arch", ["fpn", "c5"])
+@pytest.mark.parametrize("arch", ["fpn", "c5", "c4"])
 def test_given_mode_shapes(detectors, arch):
     detector, dim = detectors[arch]
     extractor = RegionFeatureExtractor(detector)
@@ -158,8 +165,9 @@ def white_square_image():
     return image
 
 
-def test_given_boxes_pool_where_they_point(c5):
-    extractor = RegionFeatureExtractor(c5)
+@pytest.mark.parametrize("arch", ["c5", "c4"])
+def test_given_boxes_pool_where_they_point(detectors, arch):
+    extractor = RegionFeatureExtractor(detectors[arch][0])
     white = [20, 30, 60, 70.]
     black = [60, 80, 90, 120.]
     image = white_square_image()  # resized by the transform: 120 x 90 -> 160 x 120
@@ -238,12 +246,14 @@ def test_layer_descriptions(detectors):
         "roi_heads.box_head (TwoMLPHead fc7 output, 1024-d)"
     assert RegionFeatureExtractor(detectors["c5"][0]).layer == \
         "RoIAlign 7x7 on layer4 (stride 32), mean-pooled (512-d)"
+    assert RegionFeatureExtractor(detectors["c4"][0]).layer == \
+        "RoIAlign 14x14 on layer3 (stride 16), layer4, mean-pooled (512-d)"
 
 
 # --------------------------------------------------------------------------- building
 
 def test_build_unknown_arch_or_backbone():
-    with pytest.raises(CapstackError, match="unknown 'detr'.*fpn, c5"):
+    with pytest.raises(CapstackError, match="unknown 'detr'.*fpn, c5, c4"):
         build_detector("detr")
     with pytest.raises(CapstackError, match="unknown 'vgg16'.*resnet18.*resnet152"):
         build_detector("c5", backbone="vgg16")
@@ -251,10 +261,12 @@ def test_build_unknown_arch_or_backbone():
         build_detector("fpn", backbone="resnet18")
 
 
-def test_c5_backbones_channels():
-    for name, channels in [("resnet18", 512), ("resnet50", 2048)]:
-        detector = build_detector("c5", backbone=name, num_classes=5)
+@pytest.mark.parametrize("arch", ["c5", "c4"])
+def test_resnet_archs_channels(arch):
+    for name, channels, trunk in [("resnet18", 512, 256), ("resnet50", 2048, 1024)]:
+        detector = build_detector(arch, backbone=name, num_classes=5)
         assert RegionFeatureExtractor(detector).feature_dim == channels
+        assert detector.backbone.out_channels == (channels if arch == "c5" else trunk)
 
 
 # --------------------------------------------------------------------------- weights
@@ -274,6 +286,32 @@ def test_load_resnet_classification_weights_into_c5(tmp_path, c5):
         if not key.startswith("fc."):
             assert torch.equal(body[key], value), key
     assert torch.equal(detector.roi_heads.box_predictor.cls_score.weight, head_before)
+
+
+def test_c4_is_layer4_on_a_stride_16_roialign(tmp_path):
+    """c4 loads a ResNet into trunk (conv1..layer3) and head (layer4); a box's feature is
+    layer4 on RoIAlign 14x14 of the layer3 map, mean-pooled: the bottom-up model's head."""
+    torch.manual_seed(3)
+    classifier = resnet18(weights=None, num_classes=7).eval()
+    path = tmp_path / "resnet18_demo.pth"
+    torch.save(classifier.state_dict(), path)
+    detector = build_detector("c4", backbone="resnet18", min_size=MIN_SIZE, max_size=MAX_SIZE)
+    assert load_detector_weights(detector, path).startswith("backbone")
+    assert all(not k.startswith("layer4.") for k in detector.backbone.body.state_dict())
+    for key, value in classifier.layer4.state_dict().items():
+        assert torch.equal(detector.roi_heads.box_head.layer4.state_dict()[key], value), key
+    image, box = white_square_image(), torch.tensor([[20, 30, 60, 70.]])
+    [out] = RegionFeatureExtractor(detector)([image], [box])
+    with torch.no_grad():
+        batch, _ = detector.transform([image])
+        x = batch.tensors
+        c = classifier
+        fmap = c.layer3(c.layer2(c.layer1(c.maxpool(c.relu(c.bn1(c.conv1(x)))))))
+        scale = batch.image_sizes[0][0] / image.shape[-2]
+        pooled = roi_align(fmap, [box * scale], output_size=14, spatial_scale=1 / 16,
+                           sampling_ratio=2)
+        expected = c.layer4(pooled).mean(dim=(2, 3))
+    assert torch.allclose(out["features"], expected, atol=1e-4, rtol=1e-4)
 
 
 def test_detector_weights_round_trip(tmp_path, c5):

@@ -55,6 +55,18 @@ BAD_FILES = {
                          ["stages.prepare.outs: 'data/shapes/prepared' overlaps 'data/shapes'"]),
     "not yaml": ("stages: [unclosed\n", ["not valid YAML at line"]),
     "no stages": ("params: {}\n", ["stages: expected a mapping of stage names"]),
+    "foreach with an unknown key": (
+        GOOD + "  copies:\n    foreach: [a]\n    do: {cmd: capstack prepare x y}\n    outs: [z]\n",
+        ["stages.copies.outs: unknown key next to foreach"]),
+    "empty foreach": (GOOD + "  copies:\n    foreach: []\n    do: {cmd: capstack prepare x y}\n",
+                      ["stages.copies.foreach: expected a non-empty list"]),
+    "foreach name taken": (
+        GOOD + "  prepare@a:\n    cmd: capstack prepare x y\n"
+               "  prepare:\n    foreach: [a]\n    do: {cmd: capstack prepare x y}\n",
+        ["declared twice"]),
+    "foreach item param unknown": (
+        GOOD + "  copies:\n    foreach: {a: {n: 1}}\n    do:\n      cmd: capstack prepare ${item.m} y\n",
+        ["stages.copies@a.cmd: unknown param ${item.m}"]),
 }
 
 
@@ -110,3 +122,50 @@ def test_shipped_stages_files_are_valid(capstack):
         result = capstack("stages", "-c", path, "--workdir", capstack.workdir)
         assert result.exit_code == 0, (path, result.output)
         assert "never run" in result.output
+
+
+def test_foreach_makes_one_stage_per_key(tmp_path):
+    from cli import main
+    from pipeline.stagefile import load_stages_file
+
+    path = tmp_path / "stages.yaml"
+    path.write_text(GOOD + """
+  train:
+    foreach:
+      show_tell: {features: grid, epochs: 2}
+      top_down: {features: regions, epochs: 3}
+    do:
+      desc: one experiment
+      cmd: capstack train configs/${key}.yaml --out runs/${key} --set train.epochs=${item.epochs}
+      deps:
+        - data/prepared
+        - data/${item.features}.json
+      outs:
+        - runs/${key}
+""")
+    stages = load_stages_file(path, main.commands)
+    assert stages.order[-2:] == ("train@show_tell", "train@top_down")
+    st = stages.stage("train@show_tell")
+    assert st.cmd == "capstack train configs/show_tell.yaml --out runs/show_tell --set train.epochs=2"
+    assert st.deps == ("data/prepared", "data/grid.json") and st.outs == ("runs/show_tell",)
+    assert st.params == {"item.epochs": 2, "item.features": "grid", "key": "show_tell"}
+    assert stages.upstream["train@top_down"] == ("prepare",)
+    assert stages.stage("train@top_down").params["item.epochs"] == 3
+
+
+def test_shipped_stages_files_and_experiments_are_valid():
+    """stages.yaml, configs/*.yaml and every experiment they name parse strictly."""
+    from pathlib import Path
+
+    from cli import main
+    from pipeline.stagefile import load_stages_file
+    from trainer.config import load_experiment
+
+    root = Path(__file__).resolve().parent.parent
+    for stages_file in [root / "stages.yaml", *sorted((root / "configs").glob("*.yaml"))]:
+        stages = load_stages_file(stages_file, main.commands)
+        for stage in stages.stages.values():
+            if stage.command == "train":
+                load_experiment(root / stage.argv[1], [a for a in stage.argv[2:]
+                                                       if "=" in a and not a.startswith("-")])
+    assert "tables" in load_stages_file(root / "configs" / "coco.yaml", main.commands).stages

@@ -70,3 +70,35 @@ def write_experiment(path: Path, *, decoder: str, captions: Path, features: list
               "eval": {"beam_size": 2}}
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def write_object_store(path: Path, dataset_json: Path) -> Path:
+    """Region features that describe each drawn object exactly: one-hot shape, one-hot colour
+    and the box (x1, y1, x2, y2) / image side. A perception that cannot err, so what a decoder
+    learns is captioning alone."""
+    import json
+
+    images = json.loads(Path(dataset_json).read_text())["images"]
+    objects = [o for im in images for o in im["boxes"]]
+    shapes = sorted({o["shape"] for o in objects})
+    colors = sorted({o["color"] for o in objects})
+    dim = len(shapes) + len(colors) + 4
+    meta = {"kind": "regions", "extractor": "test", "backbone": "none", "weights": "labels",
+            "weights_md5": "labels", "feature_dim": dim, "dtype": "float16",
+            "fingerprint": "0b1ec75", "capstack_version": "test"}
+    with create_writer(path, meta) as writer:
+        records = []
+        for im in images:
+            side = 64.0
+            boxes = np.array([o["box"] for o in im["boxes"]], np.float32)
+            feats = np.zeros((len(boxes), dim), np.float32)
+            for row, o in enumerate(im["boxes"]):
+                feats[row, shapes.index(o["shape"])] = 1
+                feats[row, len(shapes) + colors.index(o["color"])] = 1
+            feats[:, -4:] = boxes / side
+            records.append((int(im["imgid"]), Record(feats, 64, 64, boxes=boxes,
+                                                     scores=np.ones(len(boxes), np.float32),
+                                                     classes=np.zeros(len(boxes), np.int32))))
+        writer.write(records)
+        writer.finish()
+    return path

@@ -64,7 +64,8 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
     _write_json(out_dir / f"results_{split}.json", results)
     references = load_references(captions.references_path(split))
     scores = score({p.image_id: " ".join(p.words) for p in preds}, references, spice=spice)
-    metrics = {"approach": experiment["name"], **scores, "split": split, "beam_size": beam_size,
+    metrics = {"approach": experiment["name"], "objective": experiment["train"]["objective"],
+               **scores, "split": split, "beam_size": beam_size,
                "checkpoint": ckpt["path"], "epoch": ckpt["best_epoch"] + 1}
     _write_json(out_dir / "metrics.json", metrics)
     _pictures(preds[:figures], features, captions, out_dir)
@@ -73,8 +74,18 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                         out_dir, dev, max_len)
     run_dir = Path(ckpt["path"]).parent
     if (run_dir / "metrics.jsonl").is_file():
-        training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png")
+        training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png",
+                        before=_starting_log(experiment["train"].get("init_from", "")))
     return metrics
+
+
+def _starting_log(init_from: str) -> Path | None:
+    """The training log of the run an RL run started from (its XE phase), when still there."""
+    if not init_from:
+        return None
+    start = Path(init_from)
+    log_path = (start if start.is_dir() else start.parent) / "metrics.jsonl"
+    return log_path if log_path.is_file() else None
 
 
 def _pictures(preds: list[Prediction], features: Features, captions, out_dir: Path) -> None:

@@ -347,20 +347,21 @@ def _moving_average(values: np.ndarray, window: int) -> np.ndarray:
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
-def _plot_train(ax: Axes, train: list[dict]) -> None:
+def _plot_train(ax: Axes, train: list[dict], color: str = "tab:blue", label: str = "loss") -> None:
     train = sorted(train, key=lambda r: r["step"])
     steps = np.array([r["step"] for r in train], dtype=np.float64)
     losses = np.array([r["loss"] for r in train], dtype=np.float64)
-    ax.plot(steps, losses, color="tab:blue", alpha=0.25, linewidth=0.8, label="loss")
+    ax.plot(steps, losses, color=color, alpha=0.25, linewidth=0.8, label=label)
     window = min(MOVING_AVERAGE_WINDOW, losses.size)
-    ax.plot(steps, _moving_average(losses, window), color="tab:blue", linewidth=1.6,
+    ax.plot(steps, _moving_average(losses, window), color=color, linewidth=1.6,
             label=f"moving average ({window})")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.legend(loc="upper right")
+    ax.set_ylabel("training loss" if label == "loss" else label, color=color)
+    ax.legend(loc="upper right" if label == "loss" else "center right")
 
 
-def _plot_val(ax: Axes, val: list[dict]) -> None:
+def _plot_val(ax: Axes, val: list[dict], color: str = "tab:orange", label: str | None = None
+              ) -> None:
     ax.set_xlabel("epoch")
     ax.set_ylabel("validation CIDEr")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -368,19 +369,51 @@ def _plot_val(ax: Axes, val: list[dict]) -> None:
         ax.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=ax.transAxes)
         return
     val = sorted(val, key=lambda r: r["epoch"])
-    ax.plot([r["epoch"] for r in val], [r["cider"] for r in val], "o-", color="tab:orange")
+    ax.plot([r["epoch"] for r in val], [r["cider"] for r in val], "o-", color=color, label=label)
 
 
-def training_curves(metrics_jsonl: Path, out: Path) -> Path:
-    """Plot training loss by step and validation CIDEr by epoch from a metrics log."""
+def training_curves(metrics_jsonl: Path, out: Path, before: Path | None = None) -> Path:
+    """Plot training loss by step and validation CIDEr by epoch from a metrics log.
+
+    ``before``: the log of the run this one started from (XE before RL); both
+    phases are drawn on one time axis, the RL loss on its own scale (right).
+    """
     metrics_jsonl = Path(metrics_jsonl)
-    records = _read_metrics(metrics_jsonl)
-    train = [r for r in records if r["kind"] == "train"]
-    val = [r for r in records if r["kind"] == "val"]
-    if not train:
-        raise CapstackError(f"{metrics_jsonl}: no training lines (kind 'train') to plot")
+    train, val = _phase(metrics_jsonl)
     fig = Figure(figsize=(10, 4), layout="constrained")
     loss_ax, cider_ax = fig.subplots(1, 2)
-    _plot_train(loss_ax, train)
-    _plot_val(cider_ax, val)
+    if before is None:
+        _plot_train(loss_ax, train)
+        _plot_val(cider_ax, val)
+        return _save_png(fig, Path(out))
+    xe, rl = on_one_axis(_phase(Path(before)), (train, val))
+    _plot_train(loss_ax, xe[0])
+    _plot_train(loss_ax.twinx(), rl[0], color="tab:green", label="RL loss")
+    loss_ax.axvline(rl[0][0]["step"] - 1, color="gray", linestyle="--", linewidth=1)
+    _plot_val(cider_ax, xe[1], label="XE")
+    _plot_val(cider_ax, rl[1], color="tab:green", label="RL")
+    if rl[1]:
+        cider_ax.axvline(rl[1][0]["epoch"], color="gray", linestyle="--", linewidth=1)
+    cider_ax.legend(loc="lower right")
     return _save_png(fig, Path(out))
+
+
+def on_one_axis(first: tuple[list, list], then: tuple[list, list]):
+    """(train, val) lines of two phases, the second's steps and epochs shifted past the first's.
+
+    The RL run logs its starting point as epoch -1 (the XE checkpoint it started
+    from); shifted, it sits on the last XE epoch, so the RL curve starts there.
+    """
+    steps = max(r["step"] for r in first[0])
+    epochs = 1 + max((r["epoch"] for r in first[1]), default=-1)
+    train = [{**r, "step": r["step"] + steps} for r in then[0]]
+    val = [{**r, "epoch": r["epoch"] + epochs} for r in sorted(then[1], key=lambda r: r["epoch"])]
+    return first, (train, val)
+
+
+def _phase(metrics_jsonl: Path) -> tuple[list[dict], list[dict]]:
+    records = _read_metrics(metrics_jsonl)
+    train = [r for r in records if r["kind"] == "train"]
+    if not train:
+        raise CapstackError(f"{metrics_jsonl}: no training lines (kind 'train') to plot")
+    return train, [r for r in records if r["kind"] == "val"]

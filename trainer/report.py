@@ -1,4 +1,9 @@
-"""The papers' comparison table: one row per approach, metrics in percent."""
+"""The papers' comparison table: one row per approach, metrics in percent.
+
+Each row says how its model was trained (``Training``: XE, SCST or C2F, from
+the ``objective`` evaluate records). Rows of both kinds make two blocks, as in
+Stack-Cap's Tables 1 and 2: cross-entropy first, then reinforcement.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +18,17 @@ from pipeline.atomic import atomic_file
 from pipeline.errors import CapstackError, where
 from trainer.metrics import ALL_METRICS
 
-COLUMNS = ["Approach", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE"]
+COLUMNS = ["Approach", "Training", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr",
+           "SPICE"]
 NA = "n/a"
+METRIC_COLUMNS = COLUMNS[2:]
+TRAINING = {"xe": "XE", "scst": "SCST", "c2f": "C2F"}  # train.objective -> the Training column
+BLOCKS = [("Cross-entropy training", ("XE",)),
+          ("Reinforcement with CIDEr-D rewards (SCST; C2F for Stack-Cap)", ("SCST", "C2F")),
+          ("Training not recorded", ("",))]
 
 # table column -> metric name in score()'s "metrics" dict
-_METRIC_OF = dict(zip(COLUMNS[1:], ALL_METRICS))
+_METRIC_OF = dict(zip(METRIC_COLUMNS, ALL_METRICS))
 
 
 def _percent(value: Any) -> float | str:
@@ -27,11 +38,22 @@ def _percent(value: Any) -> float | str:
     return round(float(value) * 100, 1)
 
 
-def metrics_table(rows: list[tuple[str, dict]]) -> pd.DataFrame:
-    """One row per (approach, score()["metrics"]); columns exactly COLUMNS."""
-    records = [[approach] + [_percent(metrics.get(_METRIC_OF[c])) for c in COLUMNS[1:]]
-               for approach, metrics in rows]
+def metrics_table(rows: list[tuple]) -> pd.DataFrame:
+    """One row per (approach, score()["metrics"][, training]); columns exactly COLUMNS.
+
+    Rows are ordered block by block (XE, then RL), in the given order within a block.
+    """
+    records = [[approach, training[0] if training else ""]
+               + [_percent(metrics.get(_METRIC_OF[c])) for c in METRIC_COLUMNS]
+               for approach, metrics, *training in rows]
+    order = {kind: k for k, (_, kinds) in enumerate(BLOCKS) for kind in kinds}
+    records.sort(key=lambda r: order.get(r[1], len(BLOCKS)))
     return pd.DataFrame(records, columns=COLUMNS, dtype=object)
+
+
+def training_of(doc: dict) -> str:
+    """XE, SCST or C2F from a metrics.json's ``objective`` ("" when it has none)."""
+    return TRAINING.get(doc.get("objective") or "", str(doc.get("objective") or ""))
 
 
 def _is_number(value: Any) -> bool:
@@ -85,17 +107,39 @@ def _unavailable_lines(docs: list[dict]) -> list[str]:
             for name in ALL_METRICS if name in reasons]
 
 
+def _kept_start_lines(docs: list[dict]) -> list[str]:
+    """RL rows whose best checkpoint is still the XE one they started from (epoch 0), said."""
+    return [f"{d['approach']} ({training_of(d)}): no RL epoch beat its XE start on validation "
+            f"CIDEr; the row is that start checkpoint"
+            for d in docs if training_of(d) in ("SCST", "C2F") and d.get("epoch") == 0]
+
+
 def _cell(value: Any) -> str:
     text = f"{value:.1f}" if isinstance(value, float) else str(value)
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(table: pd.DataFrame, notes: list[str]) -> str:
-    """A Markdown table (header, |---| row, rows), then one note line per unavailable metric."""
+def _markdown_rows(table: pd.DataFrame) -> list[str]:
     lines = ["| " + " | ".join(table.columns) + " |",
              "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |"
-              for row in table.itertuples(index=False)]
+    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |"
+                    for row in table.itertuples(index=False)]
+
+
+def markdown(table: pd.DataFrame, notes: list[str]) -> str:
+    """Markdown tables (header, |---| row, rows), one per block when rows of several blocks
+    are present, each under its bold title; then one note line per unavailable metric."""
+    blocks = [(title, table[table["Training"].isin(kinds)]) for title, kinds in BLOCKS]
+    blocks = [(title, rows) for title, rows in blocks if len(rows)]
+    known = {kind for _, kinds in BLOCKS for kind in kinds}
+    if any(value not in known for value in table["Training"]):
+        blocks.append(("Other training", table[~table["Training"].isin(known)]))
+    if len(blocks) == 1:
+        lines = _markdown_rows(table)
+    else:
+        lines = []
+        for title, rows in blocks:
+            lines += ([""] if lines else []) + [f"**{title}**", ""] + _markdown_rows(rows)
     if notes:
         lines += [""] + notes
     return "\n".join(lines) + "\n"
@@ -106,12 +150,13 @@ def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
     docs = [_read_metrics_doc(p) for p in metric_files]
-    table = metrics_table([(d["approach"], d["metrics"]) for d in docs])
+    table = metrics_table([(d["approach"], d["metrics"], training_of(d)) for d in docs])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"
     with atomic_file(csv_path) as tmp:
         table.to_csv(tmp, index=False)
     with atomic_file(md_path) as tmp:
-        Path(tmp).write_text(markdown(table, _unavailable_lines(docs)), encoding="utf-8")
+        Path(tmp).write_text(markdown(table, _unavailable_lines(docs) + _kept_start_lines(docs)),
+                             encoding="utf-8")
     return csv_path, md_path

@@ -27,6 +27,7 @@ from tqdm import tqdm
 import pipeline
 from pipeline.atomic import atomic_file, replace_path
 from pipeline.errors import CapstackError
+from pipeline.hashing import md5_of_file
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import Captions, Features, TrainBatches, check_coverage, load_captions
@@ -122,6 +123,7 @@ class Run:
         self.best_cider, self.best_epoch = float("-inf"), -1
         self.events = tensorboard_writer(self.out_dir)
         self.rl = self.reinforcement() if t.objective in ("scst", "c2f") else None
+        self.start = self.starting_checkpoint()
 
     def reinforcement(self):
         """SCST or Stack-Cap's C2F, refused when the cached references are of other data."""
@@ -133,6 +135,16 @@ class Run:
                                     f"(stack_cap, stack_cap_star), got {self.config.decoder}")
             return CoarseToFine(scorer, t.scst_samples, t.max_len, t.c2f_coarse_term)
         return SelfCritical(scorer, t.scst_samples, t.scst_baseline, t.max_len)
+
+    def starting_checkpoint(self) -> dict | None:
+        """``train.init_from`` and its digest: a run resumes only from the start it was given."""
+        path = self.config.train.init_from
+        if not path:
+            return None
+        file = Path(path) / "best.pt" if Path(path).is_dir() else Path(path)
+        if not file.is_file():
+            raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it first)")
+        return {"path": str(path), "md5": md5_of_file(file)}
 
     def reward_cache(self) -> CiderD:
         t = self.config.train
@@ -170,6 +182,7 @@ class Run:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
+            "start": self.start,
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "capstack_version": pipeline.__version__,
@@ -188,6 +201,11 @@ class Run:
             return None
         ckpt = load_checkpoint(path)
         check_identity(ckpt["identity"], self.identity, path)
+        started = ckpt.get("start")
+        if started != self.start:
+            was = f"{started['path']} (md5 {started['md5']})" if started else "scratch"
+            now = f"{self.start['path']} (md5 {self.start['md5']})" if self.start else "scratch"
+            raise CapstackError(f"{path}: this run started from {was}, the config asks {now}")
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])

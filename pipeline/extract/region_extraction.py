@@ -28,11 +28,12 @@ from pipeline.stores import Record
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
 FPN_COCO_WEIGHTS = "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth"
+RESNET_ARCHS = ("c4", "c5")  # built on a plain ResNet: ImageNet weights can start them
 
 
 @dataclass
 class RegionSettings:
-    arch: str = "fpn"  # fpn (torchvision's fasterrcnn_resnet50_fpn) | c5 (bottom-up layout)
+    arch: str = "fpn"  # fpn (torchvision's fasterrcnn_resnet50_fpn) | c4 (bottom-up) | c5
     backbone: str = "resnet50"
     weights: str | None = None  # a path, "random", or None for torchvision's cache
     weights_kind: str = "auto"  # detector | backbone | auto
@@ -49,8 +50,8 @@ class RegionSettings:
 
 def _resolve_weights(s: RegionSettings) -> tuple[str, str]:
     """(path or "random", md5) of the weights to load."""
-    if s.weights == RANDOM or (s.weights is None and s.arch == "c5"):
-        w = resolve_weights(s.backbone, s.weights)  # c5 without a file: ImageNet ResNet cache
+    if s.weights == RANDOM or (s.weights is None and s.arch in RESNET_ARCHS):
+        w = resolve_weights(s.backbone, s.weights)  # c4/c5 without a file: ImageNet ResNet cache
         return w.path, w.md5
     if s.weights:
         path = Path(s.weights).expanduser().resolve()
@@ -61,7 +62,7 @@ def _resolve_weights(s: RegionSettings) -> tuple[str, str]:
     if not cached.is_file():
         raise CapstackError(f"no detector weights: put torchvision's COCO Faster R-CNN state_dict "
                             f"at {cached}, or pass --weights PATH (a detector, or a ResNet for "
-                            f"--arch c5); --weights random gives meaningless random features")
+                            f"--arch c4 or c5); --weights random gives meaningless random features")
     return str(cached), md5_of_file(cached)
 
 
@@ -71,7 +72,7 @@ def build_extractor(s: RegionSettings, weights_path: str) -> RegionFeatureExtrac
         detector = build_detector(s.arch, backbone=s.backbone, num_classes=s.num_classes,
                                   min_size=s.min_size, max_size=s.max_size)
     if weights_path != RANDOM:
-        kind = "backbone" if s.weights is None and s.arch == "c5" else s.weights_kind
+        kind = "backbone" if s.weights is None and s.arch in RESNET_ARCHS else s.weights_kind
         load_detector_weights(detector, weights_path, kind=kind)
     return RegionFeatureExtractor(detector, min_boxes=s.min_boxes, max_boxes=s.max_boxes,
                                   conf_thresh=s.conf_thresh, nms_thresh=s.nms_thresh)

@@ -9,7 +9,7 @@ features per image. They are what the detector's box head computes for a box:
 (transform, backbone, rpn, box_roi_pool, box_head, box_predictor) and keeps the
 box head's output instead of throwing it away; nothing of torchvision is copied.
 
-Two architectures (:func:`build_detector`):
+Three architectures (:func:`build_detector`):
 
 ``"fpn"``
     torchvision's ``fasterrcnn_resnet50_fpn`` exactly, so its COCO checkpoint
@@ -21,6 +21,13 @@ Two architectures (:func:`build_detector`):
     box (C = 512 or 2048, the ResNet's channels), a ``FastRCNNPredictor`` on top.
     Its trunk can be loaded from a plain torchvision ResNet classification
     state_dict (:func:`load_detector_weights` with ``kind="backbone"``).
+``"c4"``
+    the layout of the original bottom-up model (Anderson et al.: Faster R-CNN
+    ResNet-101 C4): the trunk up to ``layer3`` (stride 16) feeds the RPN, RoIAlign
+    14x14 on it, then ``layer4`` runs on each box and is mean-pooled (C-d) as the
+    box head. Small objects keep their shape: a box a cell or two wide at stride 32
+    is resampled from the stride-16 map and seen by ``layer4`` at full resolution.
+    A ResNet classification state_dict loads into trunk and head together.
 
 Two modes (:meth:`RegionFeatureExtractor.forward`): ``boxes=None`` detects regions
 with the bottom-up selection rule (:func:`select_regions`); given boxes (image
@@ -52,33 +59,53 @@ from torchvision.ops import MultiScaleRoIAlign, batched_nms
 from torchvision.ops import boxes as box_ops
 
 from pipeline.errors import CapstackError
-from pipeline.extract.backbones import BACKBONES, build_resnet, feature_channels
+from pipeline.extract.backbones import BACKBONES, build_resnet
 
-ARCHS = ("fpn", "c5")
+ARCHS = ("fpn", "c5", "c4")
 WEIGHT_KINDS = ("auto", "detector", "backbone")
 
-# c5 anchors: one feature map, so all sizes sit on it (bottom-up: scales 4..32 x stride 16).
-C5_ANCHOR_SIZES = ((32, 64, 128, 256, 512),)
-C5_ASPECT_RATIOS = ((0.5, 1.0, 2.0),)
+# c4/c5 anchors: one feature map, so all sizes sit on it (bottom-up: scales 4..32 x stride 16).
+SINGLE_MAP_ANCHOR_SIZES = ((32, 64, 128, 256, 512),)
+SINGLE_MAP_ASPECT_RATIOS = ((0.5, 1.0, 2.0),)
 C5_POOL_SIZE = 7
+C4_POOL_SIZE = 14  # the bottom-up model's RoI pooling on res4, halved to 7x7 by res5
 
 
 # --------------------------------------------------------------------------- building
 
-class ResNetC5(nn.Module):
-    """A ResNet trunk (conv1 ... layer4) as a FasterRCNN backbone: one map ``"0"``, stride 32.
+def layer_channels(layer: nn.Sequential) -> int:
+    """Output channels of a ResNet stage (its last block's last BatchNorm)."""
+    last = layer[-1]
+    return (last.bn3 if hasattr(last, "bn3") else last.bn2).num_features
+
+
+class ResNetTrunk(nn.Module):
+    """A ResNet trunk (conv1 ... ``last``) as a FasterRCNN backbone: one map ``"0"``.
 
     ``body`` holds the ResNet's own module names (``conv1``, ``layer1`` ...), as in
     torchvision's ``BackboneWithFPN``, so a classification state_dict loads into it.
+    ``last="layer4"``: stride 32 (c5); ``last="layer3"``: stride 16 (c4).
     """
 
-    def __init__(self, resnet: nn.Module):
+    def __init__(self, resnet: nn.Module, last: str = "layer4"):
         super().__init__()
-        self.out_channels = feature_channels(resnet)  # FasterRCNN reads this
-        self.body = IntermediateLayerGetter(resnet, return_layers={"layer4": "0"})
+        self.out_channels = layer_channels(getattr(resnet, last))  # FasterRCNN reads this
+        self.body = IntermediateLayerGetter(resnet, return_layers={last: "0"})
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
-        return self.body(x)  # {"0": [B, C, H/32, W/32]}
+        return self.body(x)  # {"0": [B, C, H/stride, W/stride]}
+
+
+class Layer4BoxHead(nn.Module):
+    """The c4 box head: ResNet ``layer4`` on each RoI's 14x14 cells, mean-pooled to C-d."""
+
+    def __init__(self, layer4: nn.Sequential):
+        super().__init__()
+        self.layer4 = layer4
+        self.out_channels = layer_channels(layer4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer4(x).mean(dim=(2, 3))  # [R, C/2, 14, 14] -> [R, C, 7, 7] -> [R, C]
 
 
 class MeanPoolBoxHead(nn.Module):
@@ -101,21 +128,27 @@ def build_detector(arch: str = "fpn", *, backbone: str = "resnet50", num_classes
     if arch == "fpn":
         if backbone != "resnet50":
             raise CapstackError(f"backbone: arch 'fpn' is torchvision's fasterrcnn_resnet50_fpn and "
-                                f"needs resnet50, got {backbone!r} (use arch 'c5' for "
+                                f"needs resnet50, got {backbone!r} (use arch 'c4' or 'c5' for "
                                 f"{', '.join(BACKBONES)})")
         return fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=num_classes,
                                        min_size=min_size, max_size=max_size)
-    if arch == "c5":
+    if arch in ("c4", "c5"):
         if backbone not in BACKBONES:
-            raise CapstackError(f"backbone: unknown {backbone!r} for arch 'c5' "
+            raise CapstackError(f"backbone: unknown {backbone!r} for arch {arch!r} "
                                 f"(choose {', '.join(BACKBONES)})")
-        body = ResNetC5(build_resnet(backbone))
+        resnet = build_resnet(backbone)
+        if arch == "c5":
+            body, pool, head = ResNetTrunk(resnet, "layer4"), C5_POOL_SIZE, MeanPoolBoxHead()
+            head_channels = body.out_channels
+        else:
+            body, pool, head = ResNetTrunk(resnet, "layer3"), C4_POOL_SIZE, Layer4BoxHead(resnet.layer4)
+            head_channels = head.out_channels
         return FasterRCNN(
             body, num_classes=None, min_size=min_size, max_size=max_size,
-            rpn_anchor_generator=AnchorGenerator(C5_ANCHOR_SIZES, C5_ASPECT_RATIOS),
-            box_roi_pool=MultiScaleRoIAlign(["0"], output_size=C5_POOL_SIZE, sampling_ratio=2),
-            box_head=MeanPoolBoxHead(),
-            box_predictor=FastRCNNPredictor(body.out_channels, num_classes),
+            rpn_anchor_generator=AnchorGenerator(SINGLE_MAP_ANCHOR_SIZES, SINGLE_MAP_ASPECT_RATIOS),
+            box_roi_pool=MultiScaleRoIAlign(["0"], output_size=pool, sampling_ratio=2),
+            box_head=head,
+            box_predictor=FastRCNNPredictor(head_channels, num_classes),
         )
     raise CapstackError(f"arch: unknown {arch!r} (choose {', '.join(ARCHS)})")
 
@@ -189,10 +222,25 @@ def load_detector_weights(model: FasterRCNN, path, *, kind: str = "auto") -> str
         target, what = model, "detector"
     else:
         state = {k: v for k, v in state.items() if not k.startswith("fc.")}
-        target, what = model.backbone.body, "detector's ResNet trunk (backbone.body)"
+        target, what = resnet_view(model), "detector's ResNet (backbone.body and a layer4 head)"
     _check_keys(path, state, target, what)
     target.load_state_dict(state, strict=False)  # only num_batches_tracked may be left out
     return f"{kind} weights ({len(state)} tensors) from {path.name} into {what}"
+
+
+def resnet_view(model: FasterRCNN) -> nn.Module:
+    """The detector's ResNet modules under a classification ResNet's names (shared, not copied).
+
+    c5: the trunk is the whole ResNet; c4: ``layer4`` lives in the box head.
+    Loading a ResNet state_dict into the view loads it into the detector.
+    """
+    view = nn.Module()
+    for name, module in model.backbone.body.named_children():
+        view.add_module(name, module)
+    head = model.roi_heads.box_head
+    if isinstance(head, Layer4BoxHead):
+        view.add_module("layer4", head.layer4)
+    return view
 
 
 # --------------------------------------------------------------------------- selection
@@ -364,4 +412,8 @@ def describe_layer(detector: FasterRCNN, dim: int) -> str:
     if isinstance(head, MeanPoolBoxHead):
         size = detector.roi_heads.box_roi_pool.output_size
         return (f"RoIAlign {size[0]}x{size[1]} on layer4 (stride 32), mean-pooled ({dim}-d)")
+    if isinstance(head, Layer4BoxHead):
+        size = detector.roi_heads.box_roi_pool.output_size
+        return (f"RoIAlign {size[0]}x{size[1]} on layer3 (stride 16), layer4, mean-pooled "
+                f"({dim}-d)")
     return f"roi_heads.box_head ({type(head).__name__} output, {dim}-d)"
