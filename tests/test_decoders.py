@@ -245,3 +245,27 @@ def test_stack_cap_stacking_changes_only_the_attention_query(handful):
     # the second fine stage attends with h^1 + g^1 (eq 8) against h^1 alone
     assert torch.allclose(sa[:2, :, 0], sb[:2, :, 0])
     assert not torch.allclose(sa[2, :, 0], sb[2, :, 0])
+
+
+@pytest.mark.parametrize("name", ["top_down", "stack_cap", "stack_cap_star"])
+def test_feature_embedding_feeds_the_lstms_embedded_features(handful, name):
+    """feature_embed: the LSTMs and attention read ReLU(W v) of that size, and it still learns."""
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(0)
+    model = build_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0, "feature_embed": 8},
+                          vocab_size, 16)
+    first_lstm = model.attention_lstm if name == "top_down" else model.coarse
+    assert model.feature_embed[0].in_features == 16
+    assert first_lstm.input_size == model.config.hidden + 8 + model.config.embed
+    ctx = model.encode(feats, mask)
+    assert ctx["mean"].shape[-1] == 8 and (ctx["mean"] >= 0).all()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    targets = captions[:, 1:]
+    for _ in range(400):
+        loss = xe_loss(model(feats, mask, captions).logits, targets)
+        if loss.item() < 0.05:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05

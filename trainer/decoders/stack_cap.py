@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderOutput, State, expand_context
+from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
 
 
@@ -41,6 +42,7 @@ class StackCapConfig:
     fine_stages: int = 2  # Nf
     dropout: float = 0.5
     stacked: bool = True  # False: Stack-Cap*, an independent attention per stage
+    feature_embed: int = 0  # > 0: V_n -> ReLU(W V_n) of this size first (modules/feature_embed.py)
 
 
 class FineAttention(nn.Module):
@@ -69,6 +71,7 @@ class StackCap(Decoder):
     def __init__(self, config: StackCapConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
         e, h, nf = config.embed, config.hidden, config.fine_stages
+        self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
         if nf < 1:
             from pipeline.errors import CapstackError
             raise CapstackError(f"decoder_config.fine_stages: at least 1, got {nf}")
@@ -95,6 +98,8 @@ class StackCap(Decoder):
             self.head = previous
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        if self.feature_embed is not None:
+            feats = self.feature_embed(feats)
         ctx = {"mask": mask, "mean": masked_mean(feats, mask)}
         for i, att in enumerate(self.attention):
             ctx[f"keys{i}"], ctx[f"values{i}"] = att.key(feats), att.value(feats)

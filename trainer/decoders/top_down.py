@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, State
 from trainer.modules.attention import AdditiveAttention
+from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
 
 
@@ -27,6 +28,7 @@ class TopDownConfig:
     hidden: int = 512
     att_hidden: int = 512
     dropout: float = 0.5
+    feature_embed: int = 0  # > 0: v_i -> ReLU(W v_i) of this size first (modules/feature_embed.py)
 
 
 @DECODERS.register("top_down")
@@ -38,6 +40,7 @@ class TopDown(Decoder):
     def __init__(self, config: TopDownConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
         e, h = config.embed, config.hidden
+        self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
         self.word_embed = nn.Embedding(vocab_size, e)  # W_e
         self.attention_lstm = nn.LSTMCell(h + feature_dim + e, h)
         self.attention = AdditiveAttention(feature_dim, h, config.att_hidden)
@@ -46,6 +49,8 @@ class TopDown(Decoder):
         self.out = nn.Linear(h, vocab_size)  # W_p
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        if self.feature_embed is not None:
+            feats = self.feature_embed(feats)
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
                 "mean": masked_mean(feats, mask)}
 
