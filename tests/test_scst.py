@@ -172,3 +172,19 @@ def test_scst_raises_validation_cider_over_its_xe_start(tmp_path):
     start = next(x["cider"] for x in lines if x["kind"] == "val" and x["epoch"] == -1)
     assert start == pytest.approx(xe.best_cider)
     assert rl.best_epoch >= 0 and rl.best_cider > start + 0.03, (start, rl.best_cider)
+
+
+def test_a_changed_learning_rate_is_another_run(xe_run, tmp_path):
+    """Resuming a run with another lr is refused; --restart-on-change starts it afresh."""
+    root, _, exp = xe_run
+    base = ["train.objective=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
+            f"train.cider_cache={root / 'cider.npz'}", "train.epochs=1", "train.scst_samples=2"]
+    train(load_experiment(exp, base + ["train.lr=5e-5"]), tmp_path / "rl", progress=False)
+    with pytest.raises(CapstackError, match=r"train\.lr: the run was trained with 5e-05"):
+        train(load_experiment(exp, base + ["train.lr=2e-5"]), tmp_path / "rl", progress=False)
+    more = train(load_experiment(exp, base + ["train.lr=5e-5", "train.epochs=2"]), tmp_path / "rl",
+                 progress=False)
+    assert more.resumed_at is not None and more.epochs == 2  # more epochs: the same run
+    again = train(load_experiment(exp, base + ["train.lr=2e-5"]), tmp_path / "rl",
+                  progress=False, restart_on_change=True)
+    assert again.resumed_at is None and (tmp_path / "rl.old" / "last.pt").is_file()

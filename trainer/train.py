@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 LOG_EVERY = 10  # steps between train lines in metrics.jsonl
 
 
+RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every"}
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -201,6 +204,7 @@ class Run:
             return None
         ckpt = load_checkpoint(path)
         check_identity(ckpt["identity"], self.identity, path)
+        self.check_recipe(ckpt["experiment"], path)
         started = ckpt.get("start")
         if started != self.start:
             was = f"{started['path']} (md5 {started['md5']})" if started else "scratch"
@@ -216,6 +220,19 @@ class Run:
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
         self.trim_log()
         return self.epoch, self.batch
+
+    def check_recipe(self, saved: dict, path: Path) -> None:
+        """A run resumes only with the training settings it was started with (more epochs,
+        another device or checkpoint interval excepted): a changed lr is another run."""
+        now = self.config.to_dict()
+        for section in ("train", "data"):
+            old, new = saved.get(section, {}), now[section]
+            for key in sorted(set(old) | set(new)):
+                if key in RESUMABLE_CHANGES or old.get(key) == new.get(key):
+                    continue
+                raise CapstackError(f"{path}: {section}.{key}: the run was trained with "
+                                    f"{old.get(key)!r}, the config asks {new.get(key)!r} "
+                                    f"(another run: use another --out, or --restart-on-change)")
 
     def trim_log(self) -> None:
         """Drop log lines written after the checkpoint (a killed run's lost work)."""
