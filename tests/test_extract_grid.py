@@ -139,7 +139,10 @@ def _partial_store(root: Path):
 
 def _committed(partial: Path) -> int:
     import lmdb
-    env = lmdb.open(str(partial), readonly=True, lock=False)
+    try:
+        env = lmdb.open(str(partial), readonly=True, lock=False)
+    except lmdb.Error:  # seen by glob while the writer was still creating it: nothing yet
+        return 0
     try:
         with env.begin() as txn:
             return sum(1 for k in txn.cursor().iternext(values=False) if k.startswith(b"r:"))
