@@ -17,6 +17,10 @@ from pipeline.errors import CapstackError
 class CapstackGroup(click.Group):
     """Turns a :class:`CapstackError` into one line on stderr and a non-zero exit."""
 
+    def parse_args(self, ctx, args):
+        ctx.meta["capstack.argv"] = list(args)  # what --nproc hands to each torchrun process
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -38,6 +42,26 @@ def stage_command(name: str, code: str):
         return command
 
     return register
+
+
+def nproc_option(func):
+    """``--nproc N``: run the command as N processes under torchrun (a stage's ``nproc``)."""
+    return click.option(
+        "--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+        envvar="CAPSTACK_NPROC",
+        help="Processes on this machine: launches torchrun --standalone --nproc-per-node N "
+             "(one per GPU). Across machines, start torchrun yourself (README).")(func)
+
+
+def hand_over_to_torchrun(nproc: int) -> None:
+    """With ``--nproc N > 1`` outside torchrun: run this same command as N processes under
+    torchrun and exit with its status. Returns when this process is to do the work itself."""
+    from pipeline.distributed import launch, under_torchrun, without_option
+
+    if nproc <= 1 or under_torchrun():
+        return
+    argv = click.get_current_context().meta["capstack.argv"]
+    raise SystemExit(launch(nproc, without_option(argv, "--nproc")))
 
 
 def stage_commands() -> dict[str, str]:
@@ -101,13 +125,20 @@ def _store_options(func):
                      show_default=True),
         click.option("--batch", "batch_size", default=16, show_default=True),
         click.option("--workers", default=2, show_default=True, help="Image decoding processes."),
-        click.option("--device", default=None, help="cuda, cpu, cuda:1 ... [cuda if available]"),
+        click.option("--device", default=None, help="cuda, cpu, cuda:1 ... [cuda if available; "
+                                                    "under torchrun cuda:LOCAL_RANK]"),
     ]):
         func = option(func)
-    return func
+    return nproc_option(func)
 
 
 def _report_job(result) -> None:
+    from pipeline.distributed import environment_ranks
+
+    if not environment_ranks().main:
+        return
+    if result.shards:
+        click.echo(f"merged {result.shards} shards")
     if result.reused:
         click.echo(f"reusing store {result.store} (fingerprint {result.fingerprint}): "
                    f"nothing to extract")
@@ -127,8 +158,9 @@ def _report_job(result) -> None:
 @click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.")
 @_store_options
 def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, grid, out,
-                     features_root, fmt, pointer, dtype, batch_size, workers, device):
+                     features_root, fmt, pointer, dtype, batch_size, workers, device, nproc):
     """ResNet grid features (last conv block pooled to GRID x GRID) into a feature store."""
+    hand_over_to_torchrun(nproc)
     from pipeline.extract.grid import GridSettings, extract_grid
 
     settings = GridSettings(backbone, weights, image_size, grid, dtype)
@@ -163,8 +195,9 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weights_kind, boxes,
                         min_boxes, max_boxes, conf_thresh, nms_thresh, min_size, max_size,
                         num_classes, out, features_root, fmt, pointer, dtype, batch_size, workers,
-                        device):
+                        device, nproc):
     """Bottom-up region features from torchvision's Faster R-CNN into a feature store."""
+    hand_over_to_torchrun(nproc)
     from pipeline.extract.region_extraction import RegionSettings, extract_regions
 
     settings = RegionSettings(arch, backbone, weights, weights_kind, boxes, min_boxes, max_boxes,
@@ -218,9 +251,14 @@ def decoders_cmd():
 @click.option("--restart-on-change", is_flag=True,
               help="When OUT holds a run of other data or decoder config, move it to OUT.old "
                    "and start afresh (instead of refusing).")
-def train_cmd(experiment, out_dir, overrides, restart_on_change):
-    """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says."""
+@nproc_option
+def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
+    """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says.
+
+    Under torchrun (or with --nproc N) every process trains its part of each batch (DDP)."""
     import logging
+
+    hand_over_to_torchrun(nproc)
 
     from trainer.config import load_experiment
     from trainer.metrics import java_missing
@@ -228,9 +266,14 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change):
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = load_experiment(experiment, list(overrides))
-    if java_missing():
+    from pipeline.distributed import environment_ranks
+
+    main_process = environment_ranks().main
+    if java_missing() and main_process:
         click.echo("note: METEOR will be n/a at evaluation (java not found)")
     r = train(config, out_dir, restart_on_change=restart_on_change)
+    if not main_process:
+        return
     resumed = f", resumed at epoch {r.resumed_at[0] + 1}" if r.resumed_at else ""
     if r.resumed_at and r.resumed_at[0] >= config.train.epochs:
         resumed = " (already complete: nothing trained; --set train.epochs=N trains on)"
@@ -410,7 +453,9 @@ def _pipeline(stages_path: Path, workdir: Path):
     if not workdir.is_dir():
         raise CapstackError(f"{workdir}: --workdir is not a folder")
     commands = stage_commands()
-    return Pipeline(load_stages_file(stages_path, commands), workdir, commands)
+    parallel = [name for name in commands
+                if any(p.name == "nproc" for p in main.commands[name].params)]
+    return Pipeline(load_stages_file(stages_path, commands, parallel), workdir, commands)
 
 
 @main.command("stages")

@@ -57,7 +57,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+)?$")  # @key: foreach
 _LOOP_KEYS = {"foreach", "do"}
 _TOP_KEYS = {"params", "stages", "demo"}
-_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params"}
+_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc"}
 _SCALARS = (str, int, float, bool)
 
 
@@ -74,6 +74,7 @@ class Stage:
     deps: tuple[str, ...]
     outs: tuple[str, ...]
     params: dict[str, Any]  # every param the stage uses, by name
+    nproc: int = 1  # processes its command runs as (torchrun); not part of what it computes
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class StageTemplate:
     outs: tuple[str, ...]
     params: dict[str, Any]
     loop: dict[str, Any] = field(default_factory=dict)  # ${key}, ${item.NAME} of a foreach
+    nproc: int = 1
 
 
 @dataclass
@@ -96,6 +98,7 @@ class StagesFile:
     templates: dict[str, StageTemplate]  # in file order
     commands: frozenset[str]
     stages: dict[str, Stage] = field(default_factory=dict)
+    parallel: frozenset[str] | None = None  # commands that take --nproc (None: not checked)
     demo: tuple[str, ...] = ()  # what `capstack demo` builds (with what it needs); () = all
     upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
     order: tuple[str, ...] = ()
@@ -120,18 +123,21 @@ class StagesFile:
             overrides[key] = value
         own = {**template.params, **{k: v for k, v in overrides.items() if k in template.params}}
         shared = {**self.params, **{k: v for k, v in overrides.items() if k not in template.params}}
-        return _resolve(self.path, template, shared, own, self.commands)
+        return _resolve(self.path, template, shared, own, self.commands, self.parallel)
 
 
 # -- loading ---------------------------------------------------------------------------
-def load_stages_file(path: str | os.PathLike, commands: Iterable[str]) -> StagesFile:
+def load_stages_file(path: str | os.PathLike, commands: Iterable[str],
+                     parallel: Iterable[str] | None = None) -> StagesFile:
     """Read, validate and resolve a stages file.
 
-    ``commands`` are the capstack sub-commands a stage may run.
+    ``commands`` are the capstack sub-commands a stage may run; ``parallel``
+    those that can run as several processes (a stage's ``nproc``).
     """
     path = Path(path)
     raw = _read_yaml(path)
     commands = frozenset(commands)
+    parallel = None if parallel is None else frozenset(parallel)
     shared = _check_params(path, "params", raw.get("params", {}) or {})
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, dict) or not stages_raw:
@@ -143,10 +149,11 @@ def load_stages_file(path: str | os.PathLike, commands: Iterable[str]) -> Stages
                 raise CapstackError(f"{path}: stages.{template.name}: declared twice")
             templates[template.name] = template
     resolved = {
-        name: _resolve(path, t, shared, t.params, commands) for name, t in templates.items()
+        name: _resolve(path, t, shared, t.params, commands, parallel)
+        for name, t in templates.items()
     }
     sf = StagesFile(path=path, params=shared, templates=templates, commands=commands,
-                    stages=resolved)
+                    stages=resolved, parallel=parallel)
     sf.demo = _check_demo(path, raw.get("demo"), resolved)
     _check_outs_disjoint(path, resolved)
     sf.upstream = _upstream_of(resolved)
@@ -261,6 +268,10 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
     desc = body.get("desc", "")
     if not isinstance(desc, str):
         raise CapstackError(f"{path}: {where}.desc: expected a string")
+    nproc = body.get("nproc", 1)
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise CapstackError(f"{path}: {where}.nproc: expected a positive number of processes, "
+                            f"got {nproc!r}")
     return StageTemplate(
         name=name,
         desc=desc,
@@ -268,6 +279,7 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
         deps=_check_str_list(path, f"{where}.deps", body.get("deps")),
         outs=_check_str_list(path, f"{where}.outs", body.get("outs")),
         params=_check_params(path, f"{where}.params", body.get("params") or {}),
+        nproc=nproc,
     )
 
 
@@ -297,7 +309,7 @@ def _normalise(p: str) -> str:
 
 
 def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mapping[str, Any],
-             commands: frozenset) -> Stage:
+             commands: frozenset, parallel: frozenset | None = None) -> Stage:
     where = f"stages.{t.name}"
     lookup = {**shared, **own, **t.loop}
     used: dict[str, Any] = {}
@@ -322,8 +334,12 @@ def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mappi
             f"{path}: {where}.cmd: unknown command 'capstack {words[1]}' "
             f"(stage commands: {', '.join(sorted(commands))})"
         )
+    if t.nproc > 1 and parallel is not None and words[1] not in parallel:
+        raise CapstackError(f"{path}: {where}.nproc: 'capstack {words[1]}' runs as one process "
+                            f"(nproc is for: {', '.join(sorted(parallel))})")
     params = dict(sorted(used.items()))
-    return Stage(t.name, t.desc, cmd, t.cmd, tuple(words[1:]), words[1], deps, outs, params)
+    return Stage(t.name, t.desc, cmd, t.cmd, tuple(words[1:]), words[1], deps, outs, params,
+                 t.nproc)
 
 
 # -- the graph ---------------------------------------------------------------------------

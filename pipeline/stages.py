@@ -232,6 +232,8 @@ class Pipeline:
         code = self._code_digest(stage)
         started = time.time()
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
+        if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
+            env["CAPSTACK_NPROC"] = str(stage.nproc)
         rc = subprocess.run([sys.executable, "-m", "cli", *stage.argv], cwd=self.workdir,
                             env=env).returncode
         if rc != 0:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from pipeline.errors import CapstackError
 from pipeline.extract.grid import GridSettings, extract_grid
 from pipeline.shapes import write_shapes_dataset
 from pipeline.stores import open_store
+from process_helpers import committed_records, wait_for
 
 SETTINGS = GridSettings(backbone="resnet18", weights="random", image_size=64, grid=2)
 
@@ -137,29 +137,6 @@ def _partial_store(root: Path):
     return found[0] if found else None
 
 
-def _committed(partial: Path) -> int:
-    import lmdb
-    try:
-        env = lmdb.open(str(partial), readonly=True, lock=False)
-    except lmdb.Error:  # seen by glob while the writer was still creating it: nothing yet
-        return 0
-    try:
-        with env.begin() as txn:
-            return sum(1 for k in txn.cursor().iternext(values=False) if k.startswith(b"r:"))
-    finally:
-        env.close()
-
-
-def _wait(predicate, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 @pytest.fixture(scope="module")
 def many_shapes(tmp_path_factory):
     """Enough images that a kill after 3 batches always lands before the end, however fast."""
@@ -176,11 +153,11 @@ def test_killed_or_interrupted_extraction_resumes_to_the_same_records(many_shape
     root = tmp_path / "features"
     with open(tmp_path / "log.txt", "w") as log:
         proc = _extract_cmd(shapes, root, log)
-        partial = _wait(lambda: _partial_store(root))
-        _wait(lambda: _committed(partial) >= 3)
+        partial = wait_for(lambda: _partial_store(root))
+        wait_for(lambda: committed_records(partial) >= 3)
         os.killpg(proc.pid, sig) if sig == signal.SIGKILL else proc.send_signal(sig)
         assert proc.wait(60) != 0
-    done_before = _committed(partial)
+    done_before = committed_records(partial)
     assert 3 <= done_before < 64
     if sig == signal.SIGINT:
         assert "interrupted" in (tmp_path / "log.txt").read_text()

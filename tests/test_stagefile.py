@@ -24,7 +24,7 @@ stages:
 BAD_FILES = {
     "unknown stage key": (
         GOOD.replace("    params: {min_count: 2}", "    params: {min_count: 2}\n    outz: [x]"),
-        ["stages.prepare.outz: unknown key", "allowed: cmd, deps, desc, outs, params"],
+        ["stages.prepare.outz: unknown key", "allowed: cmd, deps, desc, nproc, outs, params"],
     ),
     "unknown top-level key": (GOOD + "settings: {}\n", ["settings: unknown key"]),
     "dep cycle": (
@@ -64,6 +64,11 @@ BAD_FILES = {
         GOOD + "  prepare@a:\n    cmd: capstack prepare x y\n"
                "  prepare:\n    foreach: [a]\n    do: {cmd: capstack prepare x y}\n",
         ["declared twice"]),
+    "nproc not a count": (GOOD.replace("    params: {min_count: 2}", "    nproc: 0\n    params: {min_count: 2}"),
+                          ["stages.prepare.nproc: expected a positive number of processes, got 0"]),
+    "nproc on a one-process command": (
+        GOOD.replace("    params: {min_count: 2}", "    nproc: 2\n    params: {min_count: 2}"),
+        ["stages.prepare.nproc: 'capstack prepare' runs as one process", "extract-grid", "train"]),
     "foreach item param unknown": (
         GOOD + "  copies:\n    foreach: {a: {n: 1}}\n    do:\n      cmd: capstack prepare ${item.m} y\n",
         ["stages.copies@a.cmd: unknown param ${item.m}"]),
@@ -169,3 +174,35 @@ def test_shipped_stages_files_and_experiments_are_valid():
                 load_experiment(root / stage.argv[1], [a for a in stage.argv[2:]
                                                        if "=" in a and not a.startswith("-")])
     assert "tables" in load_stages_file(root / "configs" / "coco.yaml", main.commands).stages
+
+
+def test_a_stage_nproc_reaches_its_command_as_capstack_nproc(tmp_path, monkeypatch):
+    """``nproc: 2`` on a train stage: the command runs with CAPSTACK_NPROC=2 (its --nproc), and
+    nproc is no param: changing it leaves the stage up to date."""
+    import subprocess
+
+    from cli import _pipeline
+
+    path = tmp_path / "stages.yaml"
+    path.write_text("""
+stages:
+  train:
+    cmd: capstack train x.yaml --out runs/x
+    nproc: 2
+    outs: [runs/x]
+""")
+    pipeline = _pipeline(path, tmp_path)
+    assert pipeline.file.stage("train").nproc == 2 and pipeline.file.stage("train").params == {}
+    seen = {}
+
+    def fake_run(argv, cwd, env):
+        seen.update(argv=argv, nproc=env.get("CAPSTACK_NPROC"))
+        (tmp_path / "runs" / "x").mkdir(parents=True)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    pipeline.run("train", report=lambda line: None)
+    assert seen["nproc"] == "2" and seen["argv"][-4:] == ["train", "x.yaml", "--out", "runs/x"]
+    path.write_text(path.read_text().replace("nproc: 2", "nproc: 4"))
+    again = _pipeline(path, tmp_path)
+    assert again.own_status(again.file.stage("train")).up_to_date

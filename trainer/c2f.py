@@ -21,9 +21,10 @@ import torch
 from torch import Tensor
 
 from pipeline.errors import CapstackError
-from trainer.decode import greedy, sample
+from trainer.decode import SamplingNoise, greedy, sample
 from trainer.decoders.base import Decoder
-from trainer.scst import generated_mask, scst_loss, words_and_lengths
+from trainer.scst import generated_mask, mean_part, scst_loss, words_and_lengths
+from trainer.share import Share
 
 
 def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:
@@ -38,8 +39,8 @@ class CoarseToFine:
     max_len: int = 16
     coarse_term: bool = False
 
-    def loss(self, model: Decoder, feats: Tensor, mask: Tensor,
-             image_ids: list[int]) -> tuple[Tensor, dict]:
+    def loss(self, model: Decoder, feats: Tensor, mask: Tensor, image_ids: list[int],
+             share: Share | None = None, noise: SamplingNoise | None = None) -> tuple[Tensor, dict]:
         if not hasattr(model, "heading"):
             raise CapstackError(f"train.objective c2f needs a coarse-to-fine decoder "
                                 f"(stack_cap, stack_cap_star), got {type(model).__name__}")
@@ -49,7 +50,7 @@ class CoarseToFine:
         for stage in range(model.stages):
             with model.heading(stage):
                 drawn.append(sample(model, model.encode(feats, mask), self.max_len,
-                                    n=self.samples))
+                                    n=self.samples, noise=noise and noise.child(stage)))
                 with torch.no_grad():
                     was_training = model.training
                     model.eval()
@@ -67,9 +68,12 @@ class CoarseToFine:
             terms.append((drawn[0], r_sample[0] - r_greedy[0]))
         device = drawn[0].logprobs.device
         loss = torch.stack([scst_loss(d.logprobs, generated_mask(d.tokens),
-                                      torch.as_tensor(a, dtype=torch.float32, device=device))
+                                      torch.as_tensor(a, dtype=torch.float32, device=device), share)
                             for d, a in terms]).sum()
-        stats = {"reward": float(r_sample[-1].mean()), "baseline": float(r_greedy[-1].mean()),
+        s = self.samples
+        stats = {"reward": mean_part(r_sample[-1], s, share),
+                 "baseline": mean_part(r_greedy[-1], s, share),
                  "time_sample": sampled_at - started, "time_reward": scored_at - sampled_at}
-        stats.update({f"reward_stage{i}": float(r_sample[i].mean()) for i in range(model.stages)})
+        stats.update({f"reward_stage{i}": mean_part(r_sample[i], s, share)
+                      for i in range(model.stages)})
         return loss, stats

@@ -51,6 +51,7 @@ class TrainConfig:
     scheduled_sampling_increase: float = 0.05
     scheduled_sampling_max: float = 0.25
     checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
+    log_every: int = 10  # steps between train lines in metrics.jsonl
     val_images: int = 0  # 0: the whole validation split
     max_len: int = 16  # decoding length in validation and evaluation
     seed: int = 0
@@ -185,6 +186,7 @@ def check_experiment(config: ExperimentConfig, where: str) -> None:
         (config.train.epochs >= 1, "train.epochs: must be at least 1"),
         (config.train.batch_size >= 1, "train.batch_size: must be at least 1"),
         (config.train.lr > 0, "train.lr: must be positive"),
+        (config.train.log_every >= 1, "train.log_every: must be at least 1"),
         (len(config.train.betas) == 2, "train.betas: expected two numbers"),
         (config.eval.beam_size >= 1, "eval.beam_size: must be at least 1"),
         (config.train.objective in ("xe", "scst", "c2f"),

@@ -11,7 +11,7 @@ so a resumed run sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -19,11 +19,13 @@ import h5py
 import numpy as np
 import torch
 
+from pipeline.distributed import Ranks
 from pipeline.errors import CapstackError
 from pipeline.stores import Batch, Record, open_store
 from pipeline.stores.buffer import BatchBuffer
 from pipeline.stores.pointer import read_pointer
 from pipeline.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, Vocabulary
+from trainer.share import Share
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 BUCKET_SPAN = 50
@@ -184,15 +186,19 @@ def box_geometry(batch) -> torch.Tensor:
 
 @dataclass
 class TrainBatch:
+    """This process's images of one global batch (all of them in a single process)."""
+
     image_ids: list[int]
     feats: torch.Tensor  # [B, L, D]
     mask: torch.Tensor  # [B, L] bool
     captions: torch.Tensor  # [B*S, T+2] long
+    share: Share  # the global batch's counts that losses divide by
+    index: int = 0  # the batch's position in its epoch
 
     def to(self, device: torch.device) -> "TrainBatch":
-        return TrainBatch(self.image_ids, self.feats.to(device, torch.float32, non_blocking=True),
-                          self.mask.to(device, non_blocking=True),
-                          self.captions.to(device, non_blocking=True))
+        return replace(self, feats=self.feats.to(device, torch.float32, non_blocking=True),
+                       mask=self.mask.to(device, non_blocking=True),
+                       captions=self.captions.to(device, non_blocking=True))
 
 
 @dataclass
@@ -208,16 +214,28 @@ class EvalBatch:
 
 
 class TrainBatches:
-    """The train split's batches, epoch by epoch, in an order fixed by (seed, epoch)."""
+    """The train split's batches, epoch by epoch, in an order fixed by (seed, epoch).
+
+    Under DDP every rank computes the same global batches and reads the
+    features of its own contiguous part of each (``ranks.share``): a global
+    batch, its captions and so a run's losses do not depend on the number of
+    processes, and a checkpoint's (epoch, batch) means the same position for
+    any number of them. (torch's ``DistributedSampler`` deals each rank its own
+    batches, whose union changes with the number of ranks.) A batch with fewer
+    images than ranks leaves some ranks without: they run its first image with
+    weight 0, so that every rank takes part in the gradient all-reduce.
+    """
 
     def __init__(self, captions: Captions, features: Features, *, batch_size: int,
-                 seq_per_img: int, seed: int, bucket_by_length: bool = False, split: str = "train"):
+                 seq_per_img: int, seed: int, bucket_by_length: bool = False, split: str = "train",
+                 ranks: Ranks = Ranks()):
         self.captions, self.features = captions, features
         self.rows = captions.rows(split)
         if len(self.rows) == 0:
             raise CapstackError(f"{captions.folder}: the {split} split has no images")
         self.batch_size, self.seq_per_img = batch_size, seq_per_img
         self.seed, self.bucket = seed, bucket_by_length
+        self.ranks = ranks
         self.all_captions = caption_tensor(captions.labels, captions.lengths)
 
     def __len__(self) -> int:
@@ -246,14 +264,22 @@ class TrainBatches:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[TrainBatch]:
         for index, rows in enumerate(self.order(epoch)):
             if index >= start:
-                yield self.batch(rows, np.random.default_rng([self.seed, epoch, index]))
+                yield self.batch(rows, np.random.default_rng([self.seed, epoch, index]), index)
 
-    def batch(self, rows: np.ndarray, rng: np.random.Generator) -> TrainBatch:
-        image_ids = self.captions.image_ids[rows].tolist()
+    def batch(self, rows: np.ndarray, rng: np.random.Generator, index: int = 0) -> TrainBatch:
+        """The global batch ``rows``' captions, then this rank's part of it with its features."""
+        s = self.seq_per_img
+        captions = self.all_captions[np.concatenate([self.pick_captions(r, rng) for r in rows])]
+        share = Share(tokens=int((captions[:, 1:] != PAD).sum()), captions=len(captions),
+                      images=len(rows), total=self.ranks.sum)
+        part = self.ranks.share(len(rows))
+        if part.start == part.stop:  # fewer images than ranks: pad with weight 0
+            part, share.weight = slice(0, 1), 0.0
+        share.first = part.start
+        image_ids = self.captions.image_ids[rows[part]].tolist()
         feats, mask, _ = self.features.read(image_ids)
-        picked = [self.pick_captions(r, rng) for r in rows]
-        captions = self.all_captions[np.concatenate(picked)]
-        return TrainBatch(image_ids, feats, mask, captions)
+        return TrainBatch(image_ids, feats, mask, captions[part.start * s:part.stop * s], share,
+                          index)
 
     def pick_captions(self, row: int, rng: np.random.Generator) -> np.ndarray:
         """``seq_per_img`` of the image's caption rows: without replacement when it has enough."""

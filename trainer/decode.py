@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,22 +31,52 @@ class Decoded:
         return self.logprobs.sum(1)
 
 
+@dataclass(frozen=True)
+class SamplingNoise:
+    """The uniform draws of multinomial sampling, a function of (key, step, row) alone.
+
+    Row ``offset + i`` of the global batch gets the same draw at step ``t``
+    whichever process samples it and whatever else that process samples: so a
+    batch split over DDP ranks samples what one process would, and a resumed
+    run samples what the uninterrupted one did.
+    """
+
+    key: tuple[int, ...]
+    rows: int  # sampled rows of the global batch
+    offset: int = 0  # this process's first row
+
+    def __call__(self, t: int, n: int) -> np.ndarray:
+        return np.random.default_rng([*self.key, t]).random(self.rows)[self.offset:self.offset + n]
+
+    def child(self, *key: int) -> "SamplingNoise":
+        """Independent draws for another sampling of the same batch (e.g. another stage)."""
+        return SamplingNoise((*self.key, *key), self.rows, self.offset)
+
+
 def greedy(decoder: Decoder, ctx: Context, max_len: int) -> Decoded:
-    return _step_by_step(decoder, ctx, max_len, lambda logp: logp.argmax(1))
+    return _step_by_step(decoder, ctx, max_len, lambda logp, t: logp.argmax(1))
 
 
 def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.0,
-           n: int = 1) -> Decoded:
+           n: int = 1, noise: SamplingNoise | None = None) -> Decoded:
     """``n`` sampled captions per image ([B*n, T], an image's samples adjacent).
 
     The log-probabilities keep their graph when called with gradients enabled
     (REINFORCE needs them); they are those of the model, not of the tempered
-    distribution.
+    distribution. With ``noise`` each word is drawn by inverting the cumulative
+    distribution at the row's uniform draw (reproducible across processes);
+    without, by ``torch.multinomial`` from the global generator.
     """
     ctx = expand_context(ctx, n) if n > 1 else ctx
 
-    def pick(logp: Tensor) -> Tensor:
-        return torch.multinomial(torch.softmax(logp.detach() / temperature, 1), 1).squeeze(1)
+    def pick(logp: Tensor, t: int) -> Tensor:
+        probs = torch.softmax(logp.detach().float() / temperature, 1)
+        if noise is None:
+            return torch.multinomial(probs, 1).squeeze(1)
+        u = torch.as_tensor(noise(t, probs.shape[0]), dtype=torch.float32, device=probs.device)
+        cdf = torch.cumsum(probs, 1)
+        picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return picked.clamp(max=probs.shape[1] - 1)
 
     return _step_by_step(decoder, ctx, max_len, pick)
 
@@ -56,10 +87,10 @@ def _step_by_step(decoder: Decoder, ctx: Context, max_len: int, pick) -> Decoded
     words = torch.full((n,), BOS_ID, dtype=torch.long, device=state[0].device)
     done = torch.zeros(n, dtype=torch.bool, device=words.device)
     tokens, logprobs, alphas = [], [], []
-    for _ in range(max_len + 1):  # max_len words, then room for <eos>
+    for t in range(max_len + 1):  # max_len words, then room for <eos>
         logits, state, alpha = decoder.step(words, state, ctx)
         logp = torch.log_softmax(logits.float(), 1)  # [N, V]
-        words = pick(logp).masked_fill(done, PAD_ID)
+        words = pick(logp, t).masked_fill(done, PAD_ID)
         tokens.append(words)
         logprobs.append(logp.gather(1, words[:, None]).squeeze(1).masked_fill(done, 0.0))
         alphas.append(alpha)

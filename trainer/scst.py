@@ -20,9 +20,10 @@ from torch import Tensor
 
 from pipeline.errors import CapstackError
 from pipeline.vocab import EOS_ID
-from trainer.decode import greedy, sample
+from trainer.decode import SamplingNoise, greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.rewards.cider import CiderD
+from trainer.share import Share
 
 BASELINES = ("greedy", "mean")
 
@@ -50,10 +51,21 @@ def mean_of_others(rewards: np.ndarray) -> np.ndarray:
     return (rewards.sum(1, keepdims=True) - rewards) / (s - 1)
 
 
-def scst_loss(logprobs: Tensor, mask: Tensor, advantage: Tensor) -> Tensor:
-    """-(r - b) log p(w^s), per generated token, averaged over the generated tokens."""
+def scst_loss(logprobs: Tensor, mask: Tensor, advantage: Tensor,
+              share: Share | None = None) -> Tensor:
+    """-(r - b) log p(w^s), per generated token, averaged over the generated tokens
+    (of the global batch, with a ``share``; trainer/share.py)."""
     weighted = -advantage[:, None] * logprobs * mask
-    return weighted.sum() / mask.sum().clamp(min=1)
+    tokens = mask.sum() if share is None else share.global_count(mask.sum())
+    return weighted.sum() / tokens.clamp(min=1)
+
+
+def mean_part(values: np.ndarray, per_image: int, share: Share | None) -> float:
+    """This rank's part of the global batch's mean of a per-sample value ([B, per_image] or
+    [B * per_image]): the parts of all ranks add up to the mean."""
+    if share is None:
+        return float(values.mean())
+    return float(values.sum()) * share.weight / (share.images * per_image)
 
 
 @dataclass
@@ -71,11 +83,12 @@ class SelfCritical:
         if self.baseline == "mean" and self.samples < 2:
             raise CapstackError("train.scst_baseline 'mean' needs train.scst_samples >= 2")
 
-    def loss(self, model: Decoder, feats: Tensor, mask: Tensor,
-             image_ids: list[int]) -> tuple[Tensor, dict]:
+    def loss(self, model: Decoder, feats: Tensor, mask: Tensor, image_ids: list[int],
+             share: Share | None = None, noise: SamplingNoise | None = None) -> tuple[Tensor, dict]:
         started = time.perf_counter()
         s = self.samples
-        drawn = sample(model, model.encode(feats, mask), self.max_len, self.temperature, n=s)
+        drawn = sample(model, model.encode(feats, mask), self.max_len, self.temperature, n=s,
+                       noise=noise)
         greedy_words = None
         if self.baseline == "greedy":
             with torch.no_grad():
@@ -94,6 +107,7 @@ class SelfCritical:
         scored_at = time.perf_counter()
         advantage = torch.as_tensor((rewards - base).reshape(-1), dtype=torch.float32,
                                     device=drawn.logprobs.device)
-        loss = scst_loss(drawn.logprobs, generated_mask(drawn.tokens), advantage)
-        return loss, {"reward": float(rewards.mean()), "baseline": float(base.mean()),
+        loss = scst_loss(drawn.logprobs, generated_mask(drawn.tokens), advantage, share)
+        return loss, {"reward": mean_part(rewards, s, share),
+                      "baseline": mean_part(base, s, share),
                       "time_sample": sampled_at - started, "time_reward": scored_at - sampled_at}

@@ -1,12 +1,18 @@
-"""Cross-entropy training on cached features, validated by greedy CIDEr after each epoch.
+"""Training on cached features (cross-entropy, SCST or C2F), validated by greedy CIDEr each epoch.
 
 The loop holds no global state: everything it needs arrives as arguments, and
 everything a resume needs (model, optimiser, scheduler, epoch, position in the
-epoch, RNG) is in ``last.pt``. The epoch's batch order is a function of
-(seed, epoch), so a resumed run's next losses equal the uninterrupted run's.
+epoch) is in ``last.pt``. The epoch's batch order is a function of (seed,
+epoch), and a step's randomness (dropout, samples) of (seed, epoch, batch), so a
+resumed run's next losses equal the uninterrupted run's.
+
+Under ``torchrun`` the same loop runs in every process (pipeline/distributed.py):
+DDP synchronises the gradients, each rank reads and scores its part of every
+global batch and of the validation images, and only rank 0 writes. A
+checkpoint does not depend on the number of processes that wrote it.
 Outputs in ``out_dir``: ``last.pt``, ``best.pt`` (best validation CIDEr),
 ``metrics.jsonl`` (one JSON object per logged step or validation),
-``config.json``, ``summary.json``.
+``config.json``, ``summary.json``, ``events/`` (TensorBoard, when installed).
 """
 
 from __future__ import annotations
@@ -21,28 +27,28 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import pipeline
 from pipeline.atomic import atomic_file, replace_path
+from pipeline.distributed import Ranks, join
 from pipeline.errors import CapstackError
 from pipeline.hashing import md5_of_file
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import Captions, Features, TrainBatches, check_coverage, load_captions
 from trainer.decoders import build_decoder, decoder_config
+from trainer.decode import SamplingNoise
 from trainer.decoders.base import Decoder
+from trainer.objective import Objective, xe_loss  # noqa: F401 (xe_loss: part of this API)
 from trainer.rewards.cider import CiderD
 from trainer.c2f import CoarseToFine
 from trainer.scst import SelfCritical
 from trainer.validate import validate
 
 log = logging.getLogger(__name__)
-LOG_EVERY = 10  # steps between train lines in metrics.jsonl
-
-
-RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every"}
+RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every"}
+STEP_STATS_SUMMED = ("loss", "xe", "reward", "baseline")  # over ranks; reward_stageN too
 
 
 @dataclass
@@ -57,12 +63,8 @@ class TrainResult:
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CapstackError(f"train.device: {name!r} asked for, but no CUDA device is available")
-    return device
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``; refused when CUDA is asked for and absent."""
+    return Ranks().device(name)
 
 
 def resident_mb() -> float | None:
@@ -83,11 +85,6 @@ def tensorboard_writer(out_dir: Path):
     return SummaryWriter(str(out_dir / "events"))
 
 
-def xe_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy per real token (targets include <eos>; <pad> ignored)."""
-    return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0)
-
-
 def scheduled_sampling_prob(config, epoch: int) -> float:
     t = config.train
     if t.scheduled_sampling_start < 0 or epoch < t.scheduled_sampling_start:
@@ -99,9 +96,12 @@ def scheduled_sampling_prob(config, epoch: int) -> float:
 class Run:
     """One experiment's training: the data, model, optimiser and where they are saved."""
 
-    def __init__(self, config: ExperimentConfig, out_dir: Path):
-        self.config, self.out_dir = config, Path(out_dir)
-        self.device = pick_device(config.train.device)
+    def __init__(self, config: ExperimentConfig, out_dir: Path, ranks: Ranks = Ranks()):
+        self.config, self.out_dir, self.ranks = config, Path(out_dir), ranks
+        try:
+            self.device = ranks.device(config.train.device)
+        except CapstackError as error:
+            raise CapstackError(f"train.device: {error}") from None
         self.captions: Captions = load_captions(config.data.captions)
         self.features = Features(config.data.features, config.data.max_regions,
                                  config.data.box_geometry)
@@ -121,12 +121,21 @@ class Run:
             self.optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
         self.batches = TrainBatches(self.captions, self.features, batch_size=t.batch_size,
                                     seq_per_img=config.data.seq_per_img, seed=t.seed,
-                                    bucket_by_length=config.data.bucket_by_length)
+                                    bucket_by_length=config.data.bucket_by_length, ranks=ranks)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
-        self.events = tensorboard_writer(self.out_dir)
+        self.events = tensorboard_writer(self.out_dir) if ranks.main else None
         self.rl = self.reinforcement() if t.objective in ("scst", "c2f") else None
+        self.objective = self.wrap(Objective(self.model, config.data.seq_per_img, self.rl))
         self.start = self.starting_checkpoint()
+
+    def wrap(self, objective: Objective) -> torch.nn.Module:
+        """DistributedDataParallel around the loss when there are several processes."""
+        if not self.ranks.distributed:
+            return objective
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(objective)
 
     def reinforcement(self):
         """SCST or Stack-Cap's C2F, refused when the cached references are of other data."""
@@ -168,9 +177,7 @@ class Run:
         check_identity(ckpt["identity"], self.identity, Path(ckpt["path"]))
         self.model.load_state_dict(ckpt["model"])
         # the starting point is the best so far: RL must beat it to replace best.pt
-        self.best_cider = validate(self.model, self.captions, self.features, self.device,
-                                   max_len=self.config.train.max_len,
-                                   limit=self.config.train.val_images, autocast=self.autocast)
+        self.best_cider = self.validate()
         self.log({"kind": "val", "epoch": -1, "cider": self.best_cider, "start": path,
                   "time": time.time()})
         self.save("best.pt")
@@ -186,8 +193,6 @@ class Run:
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
             "start": self.start,
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
             "capstack_version": pipeline.__version__,
         }
 
@@ -196,7 +201,8 @@ class Run:
                                                        self.features.stores)]
 
     def save(self, name: str) -> None:
-        save_checkpoint(self.out_dir / name, self.payload())
+        if self.ranks.main:
+            save_checkpoint(self.out_dir / name, self.payload())
 
     def resume(self) -> tuple[int, int] | None:
         path = self.out_dir / "last.pt"
@@ -215,11 +221,17 @@ class Run:
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.epoch, self.batch, self.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
         self.best_cider, self.best_epoch = ckpt["best_cider"], ckpt["best_epoch"]
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if ckpt["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
         self.trim_log()
         return self.epoch, self.batch
+
+    def check_ranks_agree(self) -> None:
+        """Every rank must have resumed from the same checkpoint (a folder all nodes see)."""
+        seen = self.ranks.gather((self.epoch, self.batch, self.step))
+        if any(s != seen[0] for s in seen):
+            rank = next(r for r, s in enumerate(seen) if s != seen[0])
+            raise CapstackError(f"{self.out_dir}: rank {rank} found its run at (epoch, batch, "
+                                f"step) {seen[rank]}, rank 0 at {seen[0]}: the run folder must be "
+                                f"one folder that every node sees (a shared filesystem)")
 
     def check_recipe(self, saved: dict, path: Path) -> None:
         """A run resumes only with the training settings it was started with (more epochs,
@@ -237,7 +249,7 @@ class Run:
     def trim_log(self) -> None:
         """Drop log lines written after the checkpoint (a killed run's lost work)."""
         path = self.out_dir / "metrics.jsonl"
-        if not path.is_file():
+        if not path.is_file() or not self.ranks.main:
             return
         kept = [line for line in path.read_text().splitlines() if line.strip() and
                 self._before_checkpoint(json.loads(line))]
@@ -252,6 +264,8 @@ class Run:
     # ----------------------------------------------------------------- the loop
 
     def log(self, entry: dict) -> None:
+        if not self.ranks.main:
+            return
         with open(self.out_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(entry) + "\n")
         if self.events is not None:
@@ -268,34 +282,44 @@ class Run:
         return nullcontext()
 
     def train_step(self, batch, sample_prob: float) -> dict:
+        """One optimiser step on this rank's part of a global batch; the batch's statistics."""
+        t = self.config.train
+        torch.manual_seed(int(np.random.SeedSequence(
+            [t.seed, self.epoch, batch.index, self.ranks.rank]).generate_state(1)[0]))
+        noise = None
+        if self.rl is not None:  # the same draws for an image whichever rank samples it
+            per_image = self.rl.samples
+            noise = SamplingNoise((t.seed, self.epoch, batch.index), batch.share.images * per_image,
+                                  batch.share.first * per_image)
+        started = time.perf_counter()
         batch = batch.to(self.device)
         with self.autocast():
-            if self.rl is not None:
-                loss, stats = self.rl.loss(self.model, batch.feats, batch.mask, batch.image_ids)
-            else:
-                loss, stats = self.xe_loss(batch, sample_prob)
-        started = time.perf_counter()
+            loss, stats = self.objective(batch, sample_prob, noise)
+        backward_at = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.train.grad_clip)
+        (loss * self.ranks.world).backward()  # DDP averages the ranks' gradients
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
         self.optimizer.step()
-        return {"loss": loss.item(), **stats, "time_backward": time.perf_counter() - started}
+        stats = {"loss": loss.item(), **stats}
+        if not self.rl:
+            stats["time_forward"] = backward_at - started
+        stats["time_backward"] = time.perf_counter() - backward_at
+        return self.summed_over_ranks(stats)
 
-    def xe_loss(self, batch, sample_prob: float) -> tuple[torch.Tensor, dict]:
-        captions = batch.captions[:, :int((batch.captions != 0).sum(1).max())]  # drop pad columns
-        targets = captions[:, 1:]
-        output = self.model(batch.feats, batch.mask, captions, self.config.data.seq_per_img,
-                            sample_prob)
-        xe = xe_loss(output.logits, targets)
-        loc_mask = batch.mask.repeat_interleave(self.config.data.seq_per_img, 0)
-        loss = xe + self.model.regularizer(output, targets, targets != 0, loc_mask)
-        return loss, {"xe": xe.item()}
+    def summed_over_ranks(self, stats: dict) -> dict:
+        """The global batch's statistics: each rank's parts added (its ``time_*`` kept)."""
+        keys = [k for k in stats if k in STEP_STATS_SUMMED or k.startswith("reward_stage")]
+        if not self.ranks.distributed:
+            return stats
+        total = self.ranks.sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64))
+        return {**stats, **dict(zip(keys, total.tolist()))}
 
     def run_epoch(self, progress: bool) -> None:
         t = self.config.train
         sample_prob = scheduled_sampling_prob(self.config, self.epoch)
-        bar = tqdm(total=len(self.batches), initial=self.batch, disable=not progress,
+        bar = tqdm(total=len(self.batches), initial=self.batch,
+                   disable=not progress or not self.ranks.main,
                    desc=f"{self.config.name} epoch {self.epoch + 1}/{t.epochs}", unit="batch")
         self.model.train()
         for batch in self.batches.epoch(self.epoch, self.batch):
@@ -304,17 +328,20 @@ class Run:
             self.step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{losses['loss']:.3f}", refresh=False)
-            if self.step % LOG_EVERY == 0 or self.batch == len(self.batches):
+            if self.step % t.log_every == 0 or self.batch == len(self.batches):
                 self.log({"kind": "train", "epoch": self.epoch, "step": self.step, **losses,
                           "lr": self.optimizer.param_groups[0]["lr"], "time": time.time()})
             if t.checkpoint_every and self.step % t.checkpoint_every == 0:
                 self.save("last.pt")
         bar.close()
 
+    def validate(self) -> float:
+        return validate(self.model, self.captions, self.features, self.device,
+                        max_len=self.config.train.max_len, limit=self.config.train.val_images,
+                        autocast=self.autocast, ranks=self.ranks)
+
     def end_epoch(self) -> float:
-        cider = validate(self.model, self.captions, self.features, self.device,
-                         max_len=self.config.train.max_len, limit=self.config.train.val_images,
-                         autocast=self.autocast)
+        cider = self.validate()
         self.log({"kind": "val", "epoch": self.epoch, "cider": cider, "rss_mb": resident_mb(),
                   "time": time.time()})
         self.scheduler.step()
@@ -333,28 +360,39 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
     A run folder whose checkpoint has other stores, vocabulary or decoder config
     is refused; with ``restart_on_change`` it is moved to ``<out_dir>.old``
     (replacing an earlier one) and training starts afresh: what a stage wants
-    when its experiment file changed.
+    when its experiment file changed. Under torchrun, every process calls this.
     """
+    device_type = "cuda" if Ranks().device(config.train.device).type == "cuda" else "cpu"
+    with join(device_type) as ranks:
+        return train_ranks(config, Path(out_dir), ranks, progress, restart_on_change)
+
+
+def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress: bool,
+                restart_on_change: bool) -> TrainResult:
     started = time.perf_counter()
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(config, out_dir)
+    run = Run(config, out_dir, ranks)
     try:
         resumed_at = run.resume()
     except CapstackError as error:
         if not restart_on_change or not (out_dir / "last.pt").is_file():
             raise
-        log.warning("%s; starting afresh, the old run moved to %s.old", error, out_dir)
         if run.events is not None:
             run.events.close()
-        replace_path(out_dir, out_dir.with_name(out_dir.name + ".old"))
-        out_dir.mkdir()
-        run = Run(config, out_dir)
+        ranks.barrier()  # every rank has read the old run before rank 0 moves it
+        if ranks.main:
+            log.warning("%s; starting afresh, the old run moved to %s.old", error, out_dir)
+            replace_path(out_dir, out_dir.with_name(out_dir.name + ".old"))
+            out_dir.mkdir()
+        ranks.barrier()
+        run = Run(config, out_dir, ranks)
         resumed_at = None
+    run.check_ranks_agree()
     if resumed_at is None and config.train.init_from:
         run.start_from(config.train.init_from)
-    with atomic_file(out_dir / "config.json") as tmp:
-        tmp.write_text(json.dumps(config.to_dict(), indent=1) + "\n")
+    if ranks.main:
+        with atomic_file(out_dir / "config.json") as tmp:
+            tmp.write_text(json.dumps(config.to_dict(), indent=1) + "\n")
     while run.epoch < config.train.epochs:
         run.run_epoch(progress)
         cider = run.end_epoch()
@@ -363,6 +401,8 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
         run.save("best.pt")
     result = TrainResult(out_dir, run.best_cider, run.best_epoch, run.epoch, run.step, resumed_at,
                          time.perf_counter() - started)
+    if not ranks.main:
+        return result
     with atomic_file(out_dir / "summary.json") as tmp:
         summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
         tmp.write_text(json.dumps(summary, indent=1) + "\n")

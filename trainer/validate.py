@@ -10,7 +10,8 @@ from contextlib import nullcontext
 
 import torch
 
-from trainer.data import Captions, Features, eval_batches
+from pipeline.distributed import Ranks
+from trainer.data import Captions, Features, batches_of
 from trainer.decoders.base import Decoder
 from trainer.metrics import cider, load_references, simple_tokenize
 from trainer.predict import predict
@@ -19,10 +20,20 @@ VAL_BATCH = 100
 
 
 def validate(model: Decoder, captions: Captions, features: Features, device: torch.device, *,
-             max_len: int = 16, limit: int = 0, split: str = "val", autocast=nullcontext) -> float:
-    preds = predict(model, captions.vocab, eval_batches(captions, features, split, VAL_BATCH, limit),
-                    device, beam_size=1, max_len=max_len, autocast=autocast)
+             max_len: int = 16, limit: int = 0, split: str = "val", autocast=nullcontext,
+             ranks: Ranks = Ranks()) -> float:
+    """Greedy CIDEr-D of the split's first ``limit`` images (all when 0).
+
+    Under DDP each rank decodes its part of the images and every rank scores
+    the gathered captions, so all ranks agree on the value (and the best epoch).
+    """
+    ids = captions.image_ids[captions.rows(split)].tolist()
+    ids = ids[:limit] if limit else ids
+    mine = ids[ranks.share(len(ids))]
+    preds = predict(model, captions.vocab, batches_of(features, mine, VAL_BATCH), device,
+                    beam_size=1, max_len=max_len, autocast=autocast)
     references = load_references(captions.references_path(split))
-    candidates = {p.image_id: " ".join(p.words) for p in preds}
+    candidates = {image_id: caption for part in ranks.gather(
+        {p.image_id: " ".join(p.words) for p in preds}) for image_id, caption in part.items()}
     refs = {i: [simple_tokenize(r) for r in references[i]] for i in candidates}
     return cider(candidates, refs)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pipeline.distributed import environment_ranks
 from pipeline.extract.backbones import build_resnet, feature_channels, load_resnet, \
     resnet_body, resolve_weights
 from pipeline.extract.images import grid_transform, stack_images
@@ -43,9 +44,8 @@ class GridSettings:
 
 
 def pick_device(name: str | None = None) -> torch.device:
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``name``, else cuda when available; under torchrun ``cuda`` is this rank's GPU."""
+    return environment_ranks().device(name)
 
 
 def batch_model(extractor: GridExtractor, device: torch.device):

@@ -7,7 +7,8 @@ store with that fingerprint exists, extraction is skipped and the store is
 reused. ``--pointer FILE`` writes a small json naming the store, which is what
 a stage declares as its out (the store itself is shared, outside any workdir).
 Each store keeps beside it ``<name>.users.json``: the pointers and stages that
-used it, for ``capstack stores``.
+used it, for ``capstack stores``. Under torchrun each process extracts a shard
+and rank 0 merges them into the one store (pipeline/extract/shards.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Callable
 
 import pipeline
 from pipeline.atomic import atomic_file
+from pipeline.distributed import Ranks, join
 from pipeline.errors import CapstackError
 from pipeline.extract.runner import BatchModel, run_extraction
+from pipeline.extract.shards import check_shards_fit, merge_shards, shard_items, shard_path
 from pipeline.fingerprint import fingerprint, images_digest
 from pipeline.hashing import HashCache
 from pipeline.karpathy import load_karpathy
@@ -62,15 +65,31 @@ class JobResult:
     extracted: int = 0
     skipped: int = 0
     images_per_s: float = 0.0
+    shards: int = 0  # processes whose shards were merged into the store (0: one process)
 
 
 def run_job(job: ExtractionJob, make_model: Callable[[], BatchModel], transform, *,
             batch_size: int, workers: int, pointer: Path | None = None,
             progress: bool = True, pin_memory: bool = False) -> JobResult:
+    """Extract (or reuse) the job's store; under torchrun, every process calls this.
+
+    The processes only wait for each other and exchange small objects, so they
+    talk over gloo even when they extract on GPUs.
+    """
+    with join("cpu") as ranks:
+        return _run_job(job, make_model, transform, batch_size, workers, pointer,
+                        progress and ranks.main, pin_memory, ranks)
+
+
+def _run_job(job, make_model, transform, batch_size, workers, pointer, progress, pin_memory,
+             ranks: Ranks) -> JobResult:
     dataset = load_karpathy(job.dataset_json)
     root = features_root(job.root)
-    with HashCache(root / ".hashes.sqlite") as hashes:
-        images = images_digest(dataset, job.image_root, hashes)
+    images = None
+    if ranks.main:  # one process reads (and caches) the image hashes
+        with HashCache(root / ".hashes.sqlite") as hashes:
+            images = images_digest(dataset, job.image_root, hashes)
+    images = ranks.broadcast(images)
     settings = {"kind": job.kind, "backbone": job.backbone, "dtype": job.dtype,
                 "images": images, **job.settings}
     fp = fingerprint(settings)
@@ -82,14 +101,19 @@ def run_job(job: ExtractionJob, make_model: Callable[[], BatchModel], transform,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **job.settings, **job.describe}
     if path.exists():
         result = JobResult(_check_reusable(path, fp), fp, reused=True)
+    elif ranks.distributed:
+        result = _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size,
+                                  workers, progress, pin_memory, ranks)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
-            result = _extract(job, dataset, path, meta, make_model, transform, batch_size,
+            items = [(im.image_id, job.image_root / im.relpath) for im in dataset.images]
+            result = _extract(job, items, path, meta, make_model, transform, batch_size,
                               workers, progress, pin_memory)
-    _record_user(path, pointer)
-    if pointer:
-        write_pointer(pointer, path, fp, job.kind)
+    if ranks.main:
+        _record_user(path, pointer)
+        if pointer:
+            write_pointer(pointer, path, fp, job.kind)
     return result
 
 
@@ -112,9 +136,35 @@ def _check_reusable(path: Path, fp: str) -> Path:
     return path
 
 
-def _extract(job, dataset, path, meta, make_model, transform, batch_size, workers, progress,
-             pin_memory) -> JobResult:
+def _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size, workers,
+                     progress, pin_memory, ranks: Ranks) -> JobResult:
+    """This rank's shard, then (rank 0) the merge; every rank returns the merged store."""
     items = [(im.image_id, job.image_root / im.relpath) for im in dataset.images]
+    shard = shard_path(path, ranks.rank, ranks.world)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_shards_fit(path, ranks.world)
+    ranks.barrier()  # no rank starts a shard before every rank has checked
+    mine = JobResult(shard, meta["fingerprint"], reused=True)
+    with exclusive_run(shard.with_name(shard.name + ".lock"), f"extraction into {shard}"):
+        if not shard.exists():
+            shard_meta = {**meta, "shard": f"{ranks.rank} of {ranks.world}"}
+            mine = _extract(job, shard_items(items, ranks.rank, ranks.world), shard, shard_meta,
+                            make_model, transform, batch_size, workers, progress, pin_memory)
+    reports = ranks.gather((mine.extracted, mine.skipped, mine.extracted / max(
+        mine.images_per_s, 1e-9)))
+    if ranks.main:
+        with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
+            merge_shards(path, meta, [i for i, _ in items], ranks.world, job.format, progress)
+    ranks.barrier()  # the store is complete before any rank returns it
+    extracted = sum(r[0] for r in reports)
+    seconds = max(r[2] for r in reports)
+    return JobResult(path, meta["fingerprint"], reused=False, extracted=extracted,
+                     skipped=sum(r[1] for r in reports),
+                     images_per_s=extracted / seconds if seconds else 0.0, shards=ranks.world)
+
+
+def _extract(job, items, path, meta, make_model, transform, batch_size, workers, progress,
+             pin_memory) -> JobResult:
     writer = create_writer(path, meta, job.format)
     try:
         model = make_model() if any(i not in writer.done for i, _ in items) else None

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from trainer.share import Share
+
 Context = dict[str, Tensor]
 State = tuple[Tensor, ...]
 
@@ -89,9 +91,18 @@ class Decoder(nn.Module):
         return torch.where(use_sample, sampled, words)
 
     def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor) -> Tensor:
+                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
         """A decoder's own loss terms beyond cross-entropy (0 unless overridden).
 
         targets [N, T] word ids, target_mask [N, T] bool, loc_mask [N, L] bool.
+        Per-token and per-caption terms divide their sums by ``share``'s counts of
+        the global batch (trainer/share.py); without one, by these captions' own.
         """
         return output.logits.new_zeros(())
+
+
+def divisors(target_mask: Tensor, share: Share | None) -> tuple[int, int]:
+    """(tokens, captions) a regularizer divides its sums by."""
+    if share is None:
+        return max(int(target_mask.sum()), 1), target_mask.shape[0]
+    return share.tokens, share.captions

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import DecoderOutput, expand_context
+from trainer.decoders.base import DecoderOutput, divisors, expand_context
 from trainer.decoders.soft_attention import SoftAttention, SoftAttentionConfig
+from trainer.share import Share
 
 
 @dataclass
@@ -67,8 +68,8 @@ class HardAttention(SoftAttention):
                               "entropy": torch.stack(entropy, 1)})
 
     def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor) -> Tensor:
-        loss = super().regularizer(output, targets, target_mask, loc_mask)
+                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
+        loss = super().regularizer(output, targets, target_mask, loc_mask, share)
         if "location_logp" not in output.extras:  # evaluation: the expected context
             return loss
         c = self.config
@@ -79,7 +80,8 @@ class HardAttention(SoftAttention):
         advantage = sentence_logp - self.baseline
         locations = (output.extras["location_logp"] * mask).sum(1)  # log p(s), [N]
         entropy = (output.extras["entropy"] * mask).sum(1)
-        loss = loss - (c.reinforce * advantage * locations).mean() - c.entropy * entropy.mean()
+        captions = divisors(target_mask, share)[1]
+        loss = loss - (c.reinforce * advantage * locations + c.entropy * entropy).sum() / captions
         with torch.no_grad():
             self.baseline.mul_(c.baseline_decay).add_((1 - c.baseline_decay) * sentence_logp.mean())
         return loss

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderOutput, State
+from trainer.decoders.base import Context, Decoder, DecoderOutput, State, divisors
+from trainer.share import Share
 from trainer.modules.attention import AdditiveAttention
 from trainer.modules.pooling import masked_mean
 
@@ -81,10 +82,10 @@ class SoftAttention(Decoder):
         return logits, state, alpha
 
     def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor) -> Tensor:
+                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
         """lambda * sum_i (1 - sum_t alpha_ti)^2 over valid steps and locations, mean over captions."""
         if not self.config.doubly_stochastic:
-            return super().regularizer(output, targets, target_mask, loc_mask)
+            return super().regularizer(output, targets, target_mask, loc_mask, share)
         attended = (output.alphas * target_mask[:, :, None]).sum(1)  # [N, L]
         penalty = ((1 - attended) ** 2 * loc_mask).sum(1)  # [N]
-        return self.config.doubly_stochastic * penalty.mean()
+        return self.config.doubly_stochastic * penalty.sum() / divisors(target_mask, share)[1]

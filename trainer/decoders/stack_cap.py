@@ -29,9 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderOutput, State, expand_context
+from trainer.decoders.base import (Context, Decoder, DecoderOutput, State, divisors,
+                                   expand_context)
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
+from trainer.share import Share
 
 
 @dataclass
@@ -151,8 +153,10 @@ class StackCap(Decoder):
                              {"stage_logits": stage_logits, "stage_alphas": stage_alphas})
 
     def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor) -> Tensor:
+                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
         """Intermediate supervision: the cross-entropy of every stage but the head (eq 10)."""
-        losses = [F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0)
+        tokens = divisors(target_mask, share)[0]
+        losses = [F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0,
+                                  reduction="sum") / tokens
                   for i, logits in enumerate(output.extras["stage_logits"]) if i != self.head]
         return torch.stack(losses).sum()

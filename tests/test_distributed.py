@@ -1,0 +1,211 @@
+"""capstack under torchrun, gloo on this CPU: DDP training as one process would, one merged store.
+
+Every multi-process run here is a real ``torchrun`` (two processes, or two
+one-process "nodes" meeting at 127.0.0.1); the one-process references run in
+this test process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.distributed import Ranks, without_option
+from pipeline.extract.grid import GridSettings, extract_grid
+from pipeline.shapes import write_shapes_dataset
+from pipeline.stores import open_store
+from process_helpers import committed_records, wait_for
+from trainer.config import load_experiment
+from trainer.data import load_captions
+from trainer.rewards.cider import build_cache
+from trainer.train import train
+from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+
+LAUNCH_TIMEOUT = 240
+
+
+def capstack_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "cli", *map(str, args)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def step_lines(run_dir: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["kind"] == "train"]
+
+
+def assert_same_steps(got: list[dict], expected: list[dict], keys=("loss",)) -> None:
+    assert [x["step"] for x in got] == [x["step"] for x in expected]
+    for key in keys:
+        np.testing.assert_allclose([x[key] for x in got], [x[key] for x in expected], rtol=1e-5,
+                                   atol=1e-6, err_msg=key)
+
+
+def test_a_rank_share_covers_the_batch_once_in_rank_order():
+    for n in range(0, 9):
+        parts = [list(range(n))[Ranks(r, 3).share(n)] for r in range(3)]
+        assert sum(parts, []) == list(range(n)) and max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert without_option(["train", "x.yaml", "--nproc", "2", "--out", "r"], "--nproc") == \
+        ["train", "x.yaml", "--out", "r"]
+    assert without_option(["train", "--nproc=2"], "--nproc") == ["train"]
+
+
+# --------------------------------------------------------------------------- training
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """13 training images in batches of 6: global batches of 6, 6 and 1 (the last leaves a
+    rank of two without an image). Dropout off: the one thing ranks draw on their own."""
+    root = tmp_path_factory.mktemp("ddp")
+    _, prepared = make_prepared(root, n_train=13, n_val=5)
+    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+    exp = write_experiment(root / "xe.yaml", decoder="top_down", captions=prepared,
+                           features=[store], epochs=2, batch_size=6, log_every=1)
+    text = exp.read_text().replace("att_hidden: 16", "att_hidden: 16\n  dropout: 0.0")
+    exp.write_text(text)
+    assert "dropout: 0.0" in text
+    build_cache(prepared, "train", root / "cider.npz")
+    return root, exp
+
+
+def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, tmp_path):
+    """Two torchrun launchers (--nnodes 2, one process each) train the first epoch; one
+    process resumes their checkpoint for the second: every step's loss equals the
+    uninterrupted one-process run's."""
+    root, exp = data
+    train(load_experiment(exp), tmp_path / "one", progress=False)
+    port = free_port()
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+         "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+         "-m", "cli", "train", str(exp), "--out", str(tmp_path / "two"), "--set", "train.epochs=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outputs = [p.communicate(timeout=LAUNCH_TIMEOUT)[0] for p in launchers]
+    assert [p.returncode for p in launchers] == [0, 0], outputs
+    resumed = train(load_experiment(exp), tmp_path / "two", progress=False)
+    assert resumed.resumed_at == (1, 0)
+    assert_same_steps(step_lines(tmp_path / "two"), step_lines(tmp_path / "one"), ("loss", "xe"))
+    assert len(step_lines(tmp_path / "one")) == 6  # 3 batches x 2 epochs, each logged
+
+
+def test_scst_on_two_processes_samples_and_learns_as_one_process(data, tmp_path):
+    """``--nproc 2``: the same sampled captions (the draws follow the image, not the rank),
+    rewards on each rank for its own samples, the same losses step by step."""
+    root, exp = data
+    train(load_experiment(exp, ["train.epochs=1"]), root / "xe", progress=False)
+    rl = ["train.objective=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
+          f"train.cider_cache={root / 'cider.npz'}", "train.epochs=1", "train.scst_samples=3",
+          "train.lr=1e-3"]
+    train(load_experiment(exp, rl), tmp_path / "one", progress=False)
+    sets = [word for item in rl for word in ("--set", item)]
+    done = subprocess.run(capstack_cmd("train", exp, "--out", tmp_path / "two", "--nproc", 2,
+                                       *sets), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "best val CIDEr" in done.stdout and done.stdout.count("best val CIDEr") == 1
+    assert_same_steps(step_lines(tmp_path / "two"), step_lines(tmp_path / "one"),
+                      ("loss", "reward", "baseline"))
+    val = [[json.loads(x)["cider"] for x in (tmp_path / d / "metrics.jsonl").read_text()
+            .splitlines() if '"val"' in x] for d in ("one", "two")]
+    np.testing.assert_allclose(val[0], val[1], atol=1e-9)  # validation split, then gathered
+
+
+# --------------------------------------------------------------------------- extraction
+
+GRID = ["--backbone", "resnet18", "--weights", "random", "--grid", "2", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images") / "shapes"
+    write_shapes_dataset(root, n_train=36, n_val=2, n_test=2, seed=4, size=64)
+    return root, root / "dataset_shapes.json"
+
+
+def one_process_store(shapes, root: Path, image_size: int, batch: int) -> Path:
+    image_root, dataset = shapes
+    settings = GridSettings("resnet18", "random", image_size, 2)
+    return extract_grid(dataset, image_root, settings, root=root, batch_size=batch, workers=0,
+                        progress=False).store
+
+
+def assert_same_store(got: Path, expected: Path) -> None:
+    a, b = open_store(got), open_store(expected)
+    assert a.meta["fingerprint"] == b.meta["fingerprint"] and a.meta["count"] == b.meta["count"]
+    assert list(a.ids()) == list(b.ids())  # the one-process order, too
+    for i in b.ids():
+        ra, rb = a.get(i), b.get(i)
+        np.testing.assert_array_equal(ra.features, rb.features)
+        assert (ra.height, ra.width) == (rb.height, rb.width)
+
+
+def test_two_process_extraction_makes_the_one_process_store(shapes, tmp_path):
+    image_root, dataset = shapes
+    expected = one_process_store(shapes, tmp_path / "one", 64, 2)
+    done = subprocess.run(capstack_cmd("extract-grid", dataset, image_root, *GRID,
+                                       "--image-size", 64, "--batch", 2, "--nproc", 2,
+                                       "--features-root", tmp_path / "two",
+                                       "--pointer", tmp_path / "grid.json"),
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "merged 2 shards" in done.stdout and "extracted 40 images" in done.stdout
+    merged = tmp_path / "two" / expected.name  # the same name: the same fingerprint
+    assert_same_store(merged, expected)
+    assert not list((tmp_path / "two").glob("*shard*"))
+    assert json.loads((tmp_path / "grid.json").read_text())["store"] == str(merged)
+
+
+def _pid_of_rank(tag: str, rank: int) -> int | None:
+    """The process of a torchrun job (tagged in its environment) that is rank ``rank``."""
+    wanted = {f"CAPSTACK_TEST_TAG={tag}".encode(), f"RANK={rank}".encode()}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = set((entry / "environ").read_bytes().split(b"\0"))
+            except OSError:
+                continue
+            if wanted <= env:
+                return int(entry.name)
+    return None
+
+
+def test_a_killed_rank_leaves_its_shard_and_the_rerun_completes_the_store(shapes, tmp_path):
+    """SIGKILL rank 1 mid-shard: torchrun stops the job, rank 1's shard stays partial; the
+    same command again resumes every shard and merges: nothing lost, nothing twice."""
+    image_root, dataset = shapes
+    root, tag = tmp_path / "features", uuid.uuid4().hex
+    cmd = capstack_cmd("extract-grid", dataset, image_root, *GRID, "--image-size", 192,
+                       "--batch", 1, "--nproc", 2, "--features-root", root)
+    with open(tmp_path / "log.txt", "w") as log:
+        job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "CAPSTACK_TEST_TAG": tag})
+        shard = wait_for(lambda: next(root.glob("*.shard-1-of-2.lmdb.partial"), None),
+                         LAUNCH_TIMEOUT)
+        wait_for(lambda: committed_records(shard) >= 2)
+        os.kill(wait_for(lambda: _pid_of_rank(tag, 1)), signal.SIGKILL)
+        assert job.wait(LAUNCH_TIMEOUT) != 0
+    kept = committed_records(shard)
+    assert 2 <= kept < 20, kept  # rank 1 holds 20 of the 40 images
+    assert not [p for p in root.glob("grid-*.lmdb") if "shard" not in p.name]
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "merged 2 shards" in rerun.stdout
+    extracted = int(rerun.stdout.split("extracted ")[1].split()[0])
+    assert extracted <= 40 - kept  # the kept records were not extracted again
+    expected = one_process_store(shapes, tmp_path / "one", 192, 1)
+    assert_same_store(root / expected.name, expected)
+    assert not list(root.glob("*shard*"))

@@ -1,0 +1,41 @@
+"""A rank's part of a global batch, and the divisors that make its loss its part of the global mean.
+
+Under DDP every rank computes a loss on its own images and DDP averages the
+gradients over the ranks. Were each rank's loss a mean over its own tokens, a
+token's weight would depend on how many tokens its rank happened to get. So
+losses divide *sums* by the counts of the whole global batch (a :class:`Share`
+carries them): the ranks' losses then add up to the one-process loss, and the
+gradient DDP computes (``world`` x each rank's, averaged) is the one-process
+gradient. In one process every divisor is the batch's own count, which gives the
+usual means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from torch import Tensor
+
+
+def _local(count: Tensor) -> Tensor:
+    return count
+
+
+@dataclass
+class Share:
+    tokens: int  # target tokens (words and <eos>) of the global batch's captions
+    captions: int  # captions of the global batch
+    images: int  # images of the global batch
+    first: int = 0  # index in the global batch of this rank's first image
+    weight: float = 1.0  # 0 when this rank only pads a batch that has fewer images than ranks
+    total: Callable[[Tensor], Tensor] = field(default=_local, repr=False)  # sum over ranks
+
+    def global_count(self, local: Tensor) -> Tensor:
+        """A count known only after this step's work (sampled tokens), summed over ranks."""
+        return self.total((local * self.weight).float()).clamp(min=1)
+
+
+def whole_batch(tokens: int, captions: int, images: int) -> Share:
+    """One process: the batch is its own global batch."""
+    return Share(tokens, captions, images)
