@@ -269,3 +269,44 @@ def test_feature_embedding_feeds_the_lstms_embedded_features(handful, name):
         loss.backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+def test_sampling_noise_draws_each_row_by_its_own_uniform():
+    """Inverse-CDF sampling with SamplingNoise: a row's word depends on its draw alone (not on
+    which rows are sampled with it), and the words follow the distribution."""
+    from trainer.decode import SamplingNoise
+
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    model = _FixedDistribution(probs)
+    ctx = {"x": torch.zeros(4000, 1)}
+    whole = sample(model, ctx, 1, noise=SamplingNoise((7,), 4000)).tokens[:, 0]
+    part = sample(model, {"x": torch.zeros(1000, 1)}, 1,
+                  noise=SamplingNoise((7,), 4000, offset=3000)).tokens[:, 0]
+    assert torch.equal(whole[3000:], part)
+    freq = torch.bincount(whole, minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03)
+
+
+class _FixedDistribution(Decoder):
+    """Every step: the same next-word distribution."""
+
+    def __init__(self, probs):
+        super().__init__(None, len(probs), 1)
+        self.logits = torch.log(probs)
+
+    def init_state(self, ctx):
+        return (ctx["x"],)
+
+    def step(self, words, state, ctx):
+        return self.logits.expand(words.shape[0], -1), state, None
+
+
+def test_show_tell_trains_on_a_batch_of_one_image():
+    """im2txt's batch norm: one image (an epoch's last batch, or a DDP rank's part) is
+    normalised with the running statistics instead of failing."""
+    model = build_decoder("show_tell", tiny_decoder_config("show_tell"), 12, 8).train()
+    feats, mask = torch.randn(1, 3, 8), torch.ones(1, 3, dtype=torch.bool)
+    captions = torch.tensor([[BOS_ID, 5, 6, EOS_ID]])
+    loss = xe_loss(model(feats, mask, captions).logits, captions[:, 1:])
+    loss.backward()
+    assert torch.isfinite(loss) and model.image_embed[0].weight.grad is not None

@@ -93,7 +93,9 @@ def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, 
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
          "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
          "-m", "cli", "train", str(exp), "--out", str(tmp_path / "two"), "--set", "train.epochs=1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})  # two "machines" share this one's 2 cores
+        for node in (0, 1)]
     outputs = [p.communicate(timeout=LAUNCH_TIMEOUT)[0] for p in launchers]
     assert [p.returncode for p in launchers] == [0, 0], outputs
     resumed = train(load_experiment(exp), tmp_path / "two", progress=False)
@@ -122,6 +124,40 @@ def test_scst_on_two_processes_samples_and_learns_as_one_process(data, tmp_path)
     val = [[json.loads(x)["cider"] for x in (tmp_path / d / "metrics.jsonl").read_text()
             .splitlines() if '"val"' in x] for d in ("one", "two")]
     np.testing.assert_allclose(val[0], val[1], atol=1e-9)  # validation split, then gathered
+
+
+DECODER_LOOP = """
+import sys
+import torch.distributed as dist
+from trainer.config import load_experiment
+from trainer.train import train
+dist.init_process_group("gloo")
+for exp, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    train(load_experiment(exp), out, progress=False)
+dist.destroy_process_group()
+"""
+
+
+def test_every_decoder_trains_under_ddp(data, tmp_path):
+    """An epoch of each registered decoder on two processes (one torchrun launch): DDP finds
+    every parameter in the loss, and a rank's part of one image trains too (show_tell's batch
+    norm)."""
+    from trainer.decoders import DECODERS
+
+    root, exp = data
+    args = []
+    for name in sorted(DECODERS):
+        path = write_experiment(tmp_path / f"{name}.yaml", decoder=name,
+                                captions=root / "prepared", features=[root / "grid.lmdb"],
+                                epochs=1, batch_size=6)
+        args += [str(path), str(tmp_path / "runs" / name)]
+    (tmp_path / "loop.py").write_text(DECODER_LOOP)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(tmp_path / "loop.py"), *args],
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in DECODERS:
+        assert (tmp_path / "runs" / name / "best.pt").is_file(), name
 
 
 # --------------------------------------------------------------------------- extraction

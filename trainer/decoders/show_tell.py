@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
@@ -24,6 +25,19 @@ class ShowTellConfig:
     image_norm: bool = True  # batch-normalise the image embedding (im2txt's encoder does)
 
 
+class ImageBatchNorm(nn.BatchNorm1d):
+    """im2txt's batch norm of the image embedding. A training batch of one image (an epoch's
+    last, or a DDP rank's part of a small one) has no statistics of its own: it is normalised
+    with the running ones, as in evaluation. Under DDP each rank normalises by its own images
+    (the usual BatchNorm behaviour without SyncBatchNorm)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and x.shape[0] == 1:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                training=False, eps=self.eps)
+        return super().forward(x)
+
+
 @DECODERS.register("show_tell")
 class ShowTell(Decoder):
     """One-layer LSTM fed the mean-pooled image feature first (Stack-Cap's LSTM baseline)."""
@@ -35,7 +49,7 @@ class ShowTell(Decoder):
         super().__init__(config, vocab_size, feature_dim)
         self.image_embed = nn.Sequential(
             nn.Linear(feature_dim, config.embed),
-            nn.BatchNorm1d(config.embed) if config.image_norm else nn.Identity())
+            ImageBatchNorm(config.embed) if config.image_norm else nn.Identity())
         self.word_embed = nn.Embedding(vocab_size, config.embed)
         self.lstm = nn.LSTM(config.embed, config.hidden, config.layers, batch_first=True,
                             dropout=config.dropout if config.layers > 1 else 0.0)
