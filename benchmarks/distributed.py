@@ -38,6 +38,18 @@ BATCH = 50
 HIDDEN = 512
 
 
+IDEAL = {True: "on the CPU the processes share the cores one process threads over",
+         False: "one GPU a process"}
+
+
+def ideal_speedup(nproc: int, device: str) -> float:
+    """N processes on N GPUs: N; on the CPU: as many cores as one process already used."""
+    if device != "cpu":
+        return float(nproc)
+    import torch
+    return max(1.0, min(nproc, os.cpu_count() or 1) / torch.get_num_threads())
+
+
 def prepare_training(folder: Path, steps: int) -> Path:
     """Shapes captions for ``steps`` batches, a synthetic 36x2048 region store, an experiment."""
     import yaml
@@ -161,16 +173,18 @@ def main() -> None:
         print(f"gradient all-reduce alone ({args.nproc} processes, gloo): "
               f"{reduce['allreduce_s'] * 1e3:.1f} ms a step "
               f"({reduce['allreduce_s'] / many['step']:.1%} of the {args.nproc}-process step)")
-        print(f"training speedup: {many['images_per_s'] / one['images_per_s']:.2f}x; scaling "
-              f"efficiency: {many['images_per_s'] / one['images_per_s'] / args.nproc:.0%}")
+        ideal = ideal_speedup(args.nproc, args.device)
+        speedup = many["images_per_s"] / one["images_per_s"]
+        print(f"training speedup: {speedup:.2f}x; scaling efficiency: {speedup / ideal:.0%} "
+              f"(of the ideal {ideal:.2f}x: {IDEAL[args.device == 'cpu']})")
         ext = {n: extraction_figures(tmp / "extract", n, args.images, args.device)
                for n in (1, args.nproc)}
         print(f"\nextraction: resnet18 at 224 px, grid 7, {args.images} images")
         print(f"{'processes':>9} {'images/s':>9} {'wall s':>7}")
         for n, r in ext.items():
             print(f"{n:>9} {r['images_per_s']:9.1f} {r['wall']:7.1f}")
-        e1, en = ext[1]["images_per_s"], ext[args.nproc]["images_per_s"]
-        print(f"extraction speedup: {en / e1:.2f}x; scaling efficiency: {en / e1 / args.nproc:.0%}")
+        speedup = ext[args.nproc]["images_per_s"] / ext[1]["images_per_s"]
+        print(f"extraction speedup: {speedup:.2f}x; scaling efficiency: {speedup / ideal:.0%}")
 
 
 if __name__ == "__main__":

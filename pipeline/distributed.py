@@ -53,7 +53,8 @@ class Ranks:
             dist.barrier()
 
     def sum(self, values):
-        """Element-wise sum over ranks of a tensor (returned, the input left alone)."""
+        """Element-wise sum over ranks of a tensor (returned, the input left alone); on the
+        GPU when the ranks talk over NCCL."""
         if not self.distributed:
             return values
         import torch.distributed as dist

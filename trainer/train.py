@@ -312,7 +312,8 @@ class Run:
         keys = [k for k in stats if k in STEP_STATS_SUMMED or k.startswith("reward_stage")]
         if not self.ranks.distributed:
             return stats
-        total = self.ranks.sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64))
+        total = self.ranks.sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64,
+                                            device=self.device))  # NCCL sums GPU tensors
         return {**stats, **dict(zip(keys, total.tolist()))}
 
     def run_epoch(self, progress: bool) -> None:
