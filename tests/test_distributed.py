@@ -73,13 +73,18 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp")
     _, prepared = make_prepared(root, n_train=13, n_val=5)
     store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
-    exp = write_experiment(root / "xe.yaml", decoder="top_down", captions=prepared,
-                           features=[store], epochs=2, batch_size=6, log_every=1)
+    build_cache(prepared, "train", root / "cider.npz")
+    return root, experiment_without_dropout(root, "top_down", root)
+
+
+def experiment_without_dropout(root: Path, decoder: str, folder: Path) -> Path:
+    """``decoder`` on the data under ``root``, its yaml in ``folder``."""
+    exp = write_experiment(folder / f"{decoder}.yaml", decoder=decoder, captions=root / "prepared",
+                           features=[root / "grid.lmdb"], epochs=2, batch_size=6, log_every=1)
     text = exp.read_text().replace("att_hidden: 16", "att_hidden: 16\n  dropout: 0.0")
     exp.write_text(text)
     assert "dropout: 0.0" in text
-    build_cache(prepared, "train", root / "cider.npz")
-    return root, exp
+    return exp
 
 
 def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, tmp_path):
@@ -104,12 +109,14 @@ def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, 
     assert len(step_lines(tmp_path / "one")) == 6  # 3 batches x 2 epochs, each logged
 
 
-def test_scst_on_two_processes_samples_and_learns_as_one_process(data, tmp_path):
+@pytest.mark.parametrize("objective, decoder", [("scst", "top_down"), ("c2f", "stack_cap")])
+def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, objective, decoder):
     """``--nproc 2``: the same sampled captions (the draws follow the image, not the rank),
     rewards on each rank for its own samples, the same losses step by step."""
-    root, exp = data
-    train(load_experiment(exp, ["train.epochs=1"]), root / "xe", progress=False)
-    rl = ["train.objective=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
+    root, _ = data
+    exp = experiment_without_dropout(root, decoder, tmp_path)
+    train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "xe", progress=False)
+    rl = [f"train.objective={objective}", f"train.init_from={tmp_path / 'xe' / 'best.pt'}",
           f"train.cider_cache={root / 'cider.npz'}", "train.epochs=1", "train.scst_samples=3",
           "train.lr=1e-3"]
     train(load_experiment(exp, rl), tmp_path / "one", progress=False)

@@ -135,7 +135,9 @@ class Run:
             return objective
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(objective)
+        # C2F's loss leaves the coarse stage's output layer out (eq 11 starts at stage 1)
+        return DistributedDataParallel(
+            objective, find_unused_parameters=self.config.train.objective == "c2f")
 
     def reinforcement(self):
         """SCST or Stack-Cap's C2F, refused when the cached references are of other data."""
