@@ -331,7 +331,7 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
     """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores."""
     from pipeline.extract.rebuild import image_extractor
     from trainer.caption import caption_files
-    from trainer.train import pick_device
+    from pipeline.distributed import pick_device
 
     dev = pick_device(device)
     captions = caption_files(checkpoint, list(images),

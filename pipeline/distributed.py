@@ -134,6 +134,12 @@ def join(device_type: str = "cpu") -> Iterator[Ranks]:
         dist.destroy_process_group()
 
 
+def pick_device(name: str | None = None) -> "torch.device":  # noqa: F821
+    """``name`` (``auto``/None: cuda when available); under torchrun ``cuda`` is this rank's GPU.
+    Refused when CUDA is asked for and absent."""
+    return environment_ranks().device(name)
+
+
 def under_torchrun() -> bool:
     return LAUNCHED_BY_TORCHRUN in os.environ
 

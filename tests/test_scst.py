@@ -121,8 +121,7 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
     run = Run(config, tmp_path / "rl")
     run.model.load_state_dict(load_checkpoint(root / "xe" / "best.pt")["model"])
     word = run.captions.vocab.wtoi["red"] if "red" in run.captions.vocab.wtoi else 4
-    run.rl = run.objective.reinforcement = SelfCritical(WordCount(word), samples=8,
-                                                        baseline="mean", max_len=8)
+    run.loss.reinforcement = SelfCritical(WordCount(word), samples=8, baseline="mean", max_len=8)
 
     def share_saying_it():
         preds = predict(run.model, run.captions.vocab,

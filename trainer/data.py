@@ -270,12 +270,11 @@ class TrainBatches:
         """The global batch ``rows``' captions, then this rank's part of it with its features."""
         s = self.seq_per_img
         captions = self.all_captions[np.concatenate([self.pick_captions(r, rng) for r in rows])]
-        share = Share(tokens=int((captions[:, 1:] != PAD).sum()), captions=len(captions),
-                      images=len(rows), total=self.ranks.sum)
-        part = self.ranks.share(len(rows))
+        part, weight = self.ranks.share(len(rows)), 1.0
         if part.start == part.stop:  # fewer images than ranks: pad with weight 0
-            part, share.weight = slice(0, 1), 0.0
-        share.first = part.start
+            part, weight = slice(0, 1), 0.0
+        share = Share(tokens=int((captions[:, 1:] != PAD).sum()), captions=len(captions),
+                      images=len(rows), first=part.start, weight=weight, total=self.ranks.sum)
         image_ids = self.captions.image_ids[rows[part]].tolist()
         feats, mask, _ = self.features.read(image_ids)
         return TrainBatch(image_ids, feats, mask, captions[part.start * s:part.stop * s], share,

@@ -26,7 +26,7 @@ from trainer.decoders.base import Decoder
 from trainer.figures import attention_figure, stages_figure, training_curves
 from trainer.metrics import load_references, score
 from trainer.predict import Prediction, predict
-from trainer.train import pick_device
+from pipeline.distributed import pick_device
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 50

@@ -62,11 +62,6 @@ class TrainResult:
     seconds: float
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``; refused when CUDA is asked for and absent."""
-    return Ranks().device(name)
-
-
 def resident_mb() -> float | None:
     """This process's resident memory now (Linux), for the log: RL must keep it flat."""
     try:
@@ -125,9 +120,15 @@ class Run:
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
         self.events = tensorboard_writer(self.out_dir) if ranks.main else None
-        self.rl = self.reinforcement() if t.objective in ("scst", "c2f") else None
-        self.objective = self.wrap(Objective(self.model, config.data.seq_per_img, self.rl))
+        self.loss = Objective(self.model, config.data.seq_per_img,
+                              self.reinforcement() if t.objective in ("scst", "c2f") else None)
+        self.objective = self.wrap(self.loss)  # DDP around self.loss when distributed
         self.start = self.starting_checkpoint()
+
+    @property
+    def rl(self):
+        """The reinforcement objective (SelfCritical, CoarseToFine), or None for XE."""
+        return self.loss.reinforcement
 
     def wrap(self, objective: Objective) -> torch.nn.Module:
         """DistributedDataParallel around the loss when there are several processes."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.distributed import environment_ranks
+from pipeline.distributed import pick_device
 from pipeline.extract.backbones import build_resnet, feature_channels, load_resnet, \
     resnet_body, resolve_weights
 from pipeline.extract.images import grid_transform, stack_images
@@ -41,11 +41,6 @@ class GridSettings:
     image_size: int = 448
     grid: int = 14
     dtype: str = "float16"
-
-
-def pick_device(name: str | None = None) -> torch.device:
-    """``name``, else cuda when available; under torchrun ``cuda`` is this rank's GPU."""
-    return environment_ranks().device(name)
 
 
 def batch_model(extractor: GridExtractor, device: torch.device):

@@ -64,8 +64,12 @@ class JobResult:
     reused: bool
     extracted: int = 0
     skipped: int = 0
-    images_per_s: float = 0.0
+    seconds: float = 0.0  # extracting (the slowest process's, when sharded)
     shards: int = 0  # processes whose shards were merged into the store (0: one process)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.extracted / self.seconds if self.seconds else 0.0
 
 
 def run_job(job: ExtractionJob, make_model: Callable[[], BatchModel], transform, *,
@@ -150,17 +154,14 @@ def _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size
             shard_meta = {**meta, "shard": f"{ranks.rank} of {ranks.world}"}
             mine = _extract(job, shard_items(items, ranks.rank, ranks.world), shard, shard_meta,
                             make_model, transform, batch_size, workers, progress, pin_memory)
-    reports = ranks.gather((mine.extracted, mine.skipped, mine.extracted / max(
-        mine.images_per_s, 1e-9)))
+    reports = ranks.gather((mine.extracted, mine.skipped, mine.seconds))
     if ranks.main:
         with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
             merge_shards(path, meta, [i for i, _ in items], ranks.world, job.format, progress)
     ranks.barrier()  # the store is complete before any rank returns it
-    extracted = sum(r[0] for r in reports)
-    seconds = max(r[2] for r in reports)
-    return JobResult(path, meta["fingerprint"], reused=False, extracted=extracted,
-                     skipped=sum(r[1] for r in reports),
-                     images_per_s=extracted / seconds if seconds else 0.0, shards=ranks.world)
+    return JobResult(path, meta["fingerprint"], reused=False,
+                     extracted=sum(r[0] for r in reports), skipped=sum(r[1] for r in reports),
+                     seconds=max(r[2] for r in reports), shards=ranks.world)
 
 
 def _extract(job, items, path, meta, make_model, transform, batch_size, workers, progress,
@@ -174,7 +175,7 @@ def _extract(job, items, path, meta, make_model, transform, batch_size, workers,
     finally:
         writer.close()
     return JobResult(path, meta["fingerprint"], reused=False, extracted=report.extracted,
-                     skipped=len(writer.skipped), images_per_s=report.images_per_s)
+                     skipped=len(writer.skipped), seconds=report.seconds)
 
 
 def _record_user(store: Path, pointer: Path | None) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.errors import CapstackError
 from pipeline.extract.backbones import RANDOM, RANDOM_SEED, resolve_weights
-from pipeline.extract.grid import pick_device
+from pipeline.distributed import pick_device
 from pipeline.extract.images import detector_transform
 from pipeline.extract.job import ExtractionJob, JobResult, run_job
 from pipeline.extract.regions import RegionFeatureExtractor, build_detector, load_detector_weights
