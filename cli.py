@@ -256,18 +256,16 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
     """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says.
 
     Under torchrun (or with --nproc N) every process trains its part of each batch (DDP)."""
+    hand_over_to_torchrun(nproc)
     import logging
 
-    hand_over_to_torchrun(nproc)
-
+    from pipeline.distributed import environment_ranks
     from trainer.config import load_experiment
     from trainer.metrics import java_missing
     from trainer.train import train
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     config = load_experiment(experiment, list(overrides))
-    from pipeline.distributed import environment_ranks
-
     main_process = environment_ranks().main
     if java_missing() and main_process:
         click.echo("note: METEOR will be n/a at evaluation (java not found)")
@@ -329,9 +327,9 @@ def _echo_scores(scores: dict) -> None:
 @click.option("--device", default="auto", show_default=True)
 def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
     """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores."""
+    from pipeline.distributed import pick_device
     from pipeline.extract.rebuild import image_extractor
     from trainer.caption import caption_files
-    from pipeline.distributed import pick_device
 
     dev = pick_device(device)
     captions = caption_files(checkpoint, list(images),
