@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import CapstackError
+from pipeline.core.errors import CapstackError
 
 
 class CapstackGroup(click.Group):
@@ -56,7 +56,7 @@ def nproc_option(func):
 def hand_over_to_torchrun(nproc: int) -> None:
     """With ``--nproc N > 1`` outside torchrun: run this same command as N processes under
     torchrun and exit with its status. Returns when this process is to do the work itself."""
-    from pipeline.distributed import launch, under_torchrun, without_option
+    from pipeline.engine.torchrun import launch, under_torchrun, without_option
 
     if nproc <= 1 or under_torchrun():
         return
@@ -71,7 +71,7 @@ def stage_commands() -> dict[str, str]:
 
 
 # -- data ------------------------------------------------------------------------------
-@stage_command("shapes", code="pipeline.shapes")
+@stage_command("shapes", code="pipeline.demo.shapes")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--train", "n_train", default=3000, show_default=True, help="Training images.")
 @click.option("--val", "n_val", default=250, show_default=True, help="Validation images.")
@@ -80,7 +80,7 @@ def stage_commands() -> dict[str, str]:
 @click.option("--size", default=128, show_default=True, help="Image side in pixels.")
 def shapes(out_dir, n_train, n_val, n_test, seed, size):
     """Draw the shapes dataset: OUT_DIR/images/ and OUT_DIR/dataset_shapes.json (Karpathy format)."""
-    from pipeline.shapes import write_shapes_dataset
+    from pipeline.demo.shapes import write_shapes_dataset
 
     summary = write_shapes_dataset(out_dir, n_train=n_train, n_val=n_val, n_test=n_test,
                                    seed=seed, size=size, progress=True)
@@ -89,7 +89,7 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size):
                f"{summary['words']} distinct words -> {summary['json']}")
 
 
-@stage_command("prepare", code="pipeline.prepare")
+@stage_command("prepare", code="pipeline.captions.prepare")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--min-count", default=5, show_default=True,
@@ -97,7 +97,7 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size):
 @click.option("--max-len", default=16, show_default=True, help="Captions are truncated to this.")
 def prepare(dataset_json, out_dir, min_count, max_len):
     """Karpathy-format json -> vocabulary, captions HDF5, COCO-format references per split."""
-    from pipeline.prepare import prepare_captions
+    from pipeline.captions.prepare import prepare_captions
 
     s = prepare_captions(dataset_json, out_dir, min_count=min_count, max_len=max_len,
                          progress=True)
@@ -133,7 +133,7 @@ def _store_options(func):
 
 
 def _report_job(result) -> None:
-    from pipeline.distributed import environment_ranks
+    from pipeline.core.ranks import environment_ranks
 
     if not environment_ranks().main:
         return
@@ -147,7 +147,7 @@ def _report_job(result) -> None:
                    f"skipped {result.skipped} -> {result.store}")
 
 
-@stage_command("extract-grid", code="pipeline.extract.grid")
+@stage_command("extract-grid", code="pipeline.features.extract.grid")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--backbone", default="resnet101", show_default=True,
@@ -161,7 +161,7 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
                      features_root, fmt, pointer, dtype, batch_size, workers, device, nproc):
     """ResNet grid features (last conv block pooled to GRID x GRID) into a feature store."""
     hand_over_to_torchrun(nproc)
-    from pipeline.extract.grid import GridSettings, extract_grid
+    from pipeline.features.extract.grid import GridSettings, extract_grid
 
     settings = GridSettings(backbone, weights, image_size, grid, dtype)
     _report_job(extract_grid(dataset_json, image_root, settings, out=out, root=features_root,
@@ -169,7 +169,7 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
                              workers=workers, device=device))
 
 
-@stage_command("extract-regions", code="pipeline.extract.region_extraction")
+@stage_command("extract-regions", code="pipeline.features.extract.region_extraction")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--arch", type=click.Choice(["fpn", "c4", "c5"]), default="fpn", show_default=True,
@@ -198,7 +198,7 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
                         device, nproc):
     """Bottom-up region features from torchvision's Faster R-CNN into a feature store."""
     hand_over_to_torchrun(nproc)
-    from pipeline.extract.region_extraction import RegionSettings, extract_regions
+    from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 
     settings = RegionSettings(arch, backbone, weights, weights_kind, boxes, min_boxes, max_boxes,
                               conf_thresh, nms_thresh, min_size, max_size, num_classes, dtype)
@@ -207,7 +207,7 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
                                 workers=workers, device=device))
 
 
-@stage_command("train-backbone", code="pipeline.backbone_training")
+@stage_command("train-backbone", code="pipeline.demo.backbone")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
@@ -220,7 +220,7 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
 def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epochs, batch_size,
                        lr, seed):
     """Train a small ResNet to name each boxed object's shape and colour (the demo's 'ImageNet')."""
-    from pipeline.backbone_training import BackboneTraining, train_backbone
+    from pipeline.demo.backbone import BackboneTraining, train_backbone
 
     cfg = BackboneTraining(backbone, crop_size, epochs, batch_size, lr, seed)
     r = train_backbone(dataset_json, image_root, out, cfg)
@@ -259,9 +259,9 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
     hand_over_to_torchrun(nproc)
     import logging
 
-    from pipeline.distributed import environment_ranks
+    from pipeline.core.ranks import environment_ranks
     from trainer.config import load_experiment
-    from trainer.metrics import java_missing
+    from trainer.evaluation.metrics import java_missing
     from trainer.train import train
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -279,7 +279,7 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
                f"{r.best_cider:.3f} (greedy) at epoch {r.best_epoch + 1} -> {out_dir}/best.pt")
 
 
-@stage_command("evaluate", code="trainer.evaluate")
+@stage_command("evaluate", code="trainer.evaluation.evaluate")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Score TARGET as a COCO results file against these references.")
@@ -292,8 +292,8 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
 @click.option("--device", default="auto", show_default=True)
 def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, device):
     """Beam-search a checkpoint (or run folder) on a split and score it; or score RESULTS --refs REFS."""
-    from trainer.evaluate import check_split, evaluate_checkpoint
-    from trainer.metrics import score_files
+    from trainer.evaluation.evaluate import check_split, evaluate_checkpoint
+    from trainer.evaluation.metrics import score_files
 
     if refs is not None:
         scores = score_files(target, refs)
@@ -327,9 +327,9 @@ def _echo_scores(scores: dict) -> None:
 @click.option("--device", default="auto", show_default=True)
 def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
     """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores."""
-    from pipeline.distributed import pick_device
-    from pipeline.extract.rebuild import image_extractor
-    from trainer.caption import caption_files
+    from pipeline.core.ranks import pick_device
+    from pipeline.features.extract.rebuild import image_extractor
+    from trainer.evaluation.caption import caption_files
 
     dev = pick_device(device)
     captions = caption_files(checkpoint, list(images),
@@ -354,13 +354,13 @@ def cider_cache_cmd(prepared, split, out):
                f"references, {len(scorer.ngrams)} n-grams -> {out}")
 
 
-@stage_command("report", code="trainer.report")
+@stage_command("report", code="trainer.evaluation.report")
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", default="reports", show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
 def report_cmd(metrics, out_dir):
     """One table of every evaluated experiment (metrics.json files or their folders), in %."""
-    from trainer.report import write_report
+    from trainer.evaluation.report import write_report
 
     files = [m / "metrics.json" if m.is_dir() else m for m in metrics]
     csv_path, md_path = write_report(files, out_dir)
@@ -374,8 +374,8 @@ def report_cmd(metrics, out_dir):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(store, fmt, as_json):
     """A store's metadata and one record's shapes (STORE may be a pointer .json)."""
-    from pipeline.stores.pointer import read_pointer
-    from pipeline.stores import open_store
+    from pipeline.features.stores.pointer import read_pointer
+    from pipeline.features.stores import open_store
 
     reader = open_store(read_pointer(store), fmt)
     sample = reader.get(int(reader.ids()[0])) if len(reader) else None
@@ -406,8 +406,8 @@ def inspect_cmd(store, fmt, as_json):
               type=click.Path(dir_okay=False, path_type=Path))
 def verify_cmd(store, dataset_json):
     """Check that STORE holds a record for every image of the dataset."""
-    from pipeline.stores.pointer import read_pointer
-    from pipeline.store_check import verify_store
+    from pipeline.features.stores.pointer import read_pointer
+    from pipeline.features.catalog import verify_store
 
     result = verify_store(read_pointer(store), dataset_json)
     click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
@@ -418,8 +418,8 @@ def verify_cmd(store, dataset_json):
 @click.option("--features-root", type=click.Path(file_okay=False, path_type=Path), default=None)
 def stores_cmd(features_root):
     """The stores under the shared root: kind, size, count, and who uses them."""
-    from pipeline.extract.job import features_root as resolve_root
-    from pipeline.store_check import list_stores
+    from pipeline.features.extract.job import features_root as resolve_root
+    from pipeline.features.catalog import list_stores
 
     root = resolve_root(features_root)
     rows = list_stores(root)
@@ -445,8 +445,8 @@ def _stages_options(func):
 
 
 def _pipeline(stages_path: Path, workdir: Path):
-    from pipeline.stagefile import load_stages_file
-    from pipeline.stages import Pipeline
+    from pipeline.engine.stagefile import load_stages_file
+    from pipeline.engine.stages import Pipeline
 
     if not workdir.is_dir():
         raise CapstackError(f"{workdir}: --workdir is not a folder")

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from pycocoevalcap.cider.cider import Cider  # noqa: E402
 
-from pipeline.shapes.captions import captions_for  # noqa: E402
-from pipeline.shapes.scene import sample_scene  # noqa: E402
-from trainer.metrics import load_references, load_results, simple_tokenize  # noqa: E402
+from pipeline.demo.shapes.captions import captions_for  # noqa: E402
+from pipeline.demo.shapes.scene import sample_scene  # noqa: E402
+from trainer.evaluation.metrics import load_references, load_results, simple_tokenize  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
 
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer.config import load_experiment  # noqa: E402
-from trainer.evaluate import evaluate_checkpoint  # noqa: E402
+from trainer.evaluation.evaluate import evaluate_checkpoint  # noqa: E402
 from trainer.train import train  # noqa: E402
 
 EXPERIMENTS = ["show_tell", "soft_attention", "top_down"]

@@ -54,9 +54,9 @@ def prepare_training(folder: Path, steps: int) -> Path:
     """Shapes captions for ``steps`` batches, a synthetic 36x2048 region store, an experiment."""
     import yaml
 
-    from pipeline.prepare import prepare_captions
-    from pipeline.shapes import write_shapes_dataset
-    from pipeline.stores import Record, create_writer
+    from pipeline.captions.prepare import prepare_captions
+    from pipeline.demo.shapes import write_shapes_dataset
+    from pipeline.features.stores import Record, create_writer
     from trainer.data import load_captions
 
     write_shapes_dataset(folder / "shapes", n_train=BATCH * steps, n_val=10, n_test=2, seed=0,
@@ -129,7 +129,7 @@ def allreduce_seconds(nproc: int) -> dict:
 
 
 def extraction_figures(folder: Path, nproc: int, images: int, device: str) -> dict:
-    from pipeline.shapes import write_shapes_dataset
+    from pipeline.demo.shapes import write_shapes_dataset
 
     data = folder / "images"
     if not data.exists():

@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pipeline.extract.backbones import load_resnet, resnet_body, resolve_weights  # noqa: E402
-from pipeline.distributed import pick_device  # noqa: E402
-from pipeline.extract.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
-from pipeline.extract.runner import autocast  # noqa: E402
+from pipeline.features.extract.backbones import load_resnet, resnet_body, resolve_weights  # noqa: E402
+from pipeline.core.ranks import pick_device  # noqa: E402
+from pipeline.features.extract.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
+from pipeline.features.extract.runner import autocast  # noqa: E402
 
 
 def write_images(folder: Path, n: int) -> Path:

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from trainer.decoders import build_decoder  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
-from trainer.scst import SelfCritical  # noqa: E402
+from trainer.objectives.scst import SelfCritical  # noqa: E402
 
 VOCAB = 9487
 

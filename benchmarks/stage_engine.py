@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.hashing import HashCache  # noqa: E402
+from pipeline.core.hashing import HashCache  # noqa: E402
 
 STAGES = """
 stages:

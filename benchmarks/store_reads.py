@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler  # noqa: E402
 
-from pipeline.stores import Record, create_writer, open_store  # noqa: E402
-from pipeline.stores.buffer import BatchBuffer  # noqa: E402
-from pipeline.stores.lmdb import _HEADER, _record_key, shared_env  # noqa: E402
+from pipeline.features.stores import Record, create_writer, open_store  # noqa: E402
+from pipeline.features.stores.buffer import BatchBuffer  # noqa: E402
+from pipeline.features.stores.lmdb import _HEADER, _record_key, shared_env  # noqa: E402
 
 
 class BatchReads(Dataset):

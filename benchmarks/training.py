@@ -27,12 +27,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pipeline.stores import Record, create_writer  # noqa: E402
+from pipeline.features.stores import Record, create_writer  # noqa: E402
 from trainer.data import Captions, Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
 from trainer.decoders import build_decoder  # noqa: E402
 from trainer.train import xe_loss  # noqa: E402
-from pipeline.vocab import Vocabulary  # noqa: E402
+from pipeline.captions.vocab import Vocabulary  # noqa: E402
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
@@ -112,7 +112,7 @@ def beam_setups(images: int, device):
            torch.ones(images, 36, dtype=torch.bool, device=device))
     from trainer.checkpoint import load_checkpoint
     from trainer.data import Features, load_captions
-    from trainer.evaluate import load_model
+    from trainer.evaluation.evaluate import load_model
 
     for name in ("show_tell", "soft_attention", "top_down"):
         run = ROOT / "runs" / name / "best.pt"

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.errors import CapstackError
-from trainer.c2f import c2f_advantages
+from pipeline.core.errors import CapstackError
+from trainer.objectives.c2f import c2f_advantages
 from trainer.config import load_experiment
 from trainer.data import load_captions
 from trainer.rewards.cider import build_cache
@@ -61,7 +61,7 @@ def test_c2f_needs_a_coarse_to_fine_decoder(stack_run, tmp_path):
 
 
 def test_evaluation_draws_every_stage_like_figure_3(stack_run, tmp_path):
-    from trainer.evaluate import evaluate_checkpoint
+    from trainer.evaluation.evaluate import evaluate_checkpoint
 
     root = stack_run[0]
     evaluate_checkpoint(root / "xe", tmp_path / "eval", beam_size=2, figures=2, spice=False)

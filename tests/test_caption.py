@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from pipeline.extract.backbones import build_resnet
-from pipeline.extract.grid import GridSettings, extract_grid
-from pipeline.extract.region_extraction import RegionSettings, extract_regions
+from pipeline.features.extract.backbones import build_resnet
+from pipeline.features.extract.grid import GridSettings, extract_grid
+from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 from trainer.config import load_experiment
-from trainer.evaluate import evaluate_checkpoint
+from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment
 

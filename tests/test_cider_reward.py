@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pycocoevalcap.cider.cider import Cider
 
-from pipeline.errors import CapstackError
+from pipeline.core.errors import CapstackError
 from trainer.rewards.cider import CiderD
 
 WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "a", "red", "blue", "circle", "square", "on",
@@ -89,7 +89,7 @@ def test_cache_round_trip_and_errors(tmp_path):
 
 def test_cache_stage_command_builds_from_the_prepared_split(tmp_path, capstack):
     from trainer.data import load_captions
-    from trainer.metrics import load_references, simple_tokenize
+    from trainer.evaluation.metrics import load_references, simple_tokenize
     from trainer_fixtures import make_prepared
 
     _, prepared = make_prepared(tmp_path)

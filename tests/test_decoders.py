@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import CapstackError
-from pipeline.vocab import BOS_ID, EOS_ID, PAD_ID
+from pipeline.core.errors import CapstackError
+from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from trainer.data import caption_tensor, load_captions
 from trainer.decode import beam_search, greedy, sample
 from trainer.decoders import DECODERS, build_decoder, summaries

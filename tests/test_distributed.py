@@ -17,12 +17,14 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
-from pipeline.distributed import Ranks, without_option
-from pipeline.extract.grid import GridSettings, extract_grid
-from pipeline.shapes import write_shapes_dataset
-from pipeline.stores import open_store
+from pipeline.core.ranks import Ranks
+from pipeline.engine.torchrun import without_option
+from pipeline.features.extract.grid import GridSettings, extract_grid
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
 from trainer.config import load_experiment
 from trainer.data import load_captions
@@ -180,10 +182,17 @@ def shapes(tmp_path_factory):
 
 
 def one_process_store(shapes, root: Path, image_size: int, batch: int) -> Path:
+    """The store one process makes, on one thread as each torchrun process runs (OMP_NUM_THREADS=1):
+    a convolution's sums are split differently over 2 threads, which moves the last bit."""
     image_root, dataset = shapes
     settings = GridSettings("resnet18", "random", image_size, 2)
-    return extract_grid(dataset, image_root, settings, root=root, batch_size=batch, workers=0,
-                        progress=False).store
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return extract_grid(dataset, image_root, settings, root=root, batch_size=batch,
+                            workers=0, progress=False).store
+    finally:
+        torch.set_num_threads(threads)
 
 
 def assert_same_store(got: Path, expected: Path) -> None:

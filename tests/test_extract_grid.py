@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.errors import CapstackError
-from pipeline.extract.grid import GridSettings, extract_grid
-from pipeline.shapes import write_shapes_dataset
-from pipeline.stores import open_store
+from pipeline.core.errors import CapstackError
+from pipeline.features.extract.grid import GridSettings, extract_grid
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
 
 SETTINGS = GridSettings(backbone="resnet18", weights="random", image_size=64, grid=2)
@@ -60,7 +60,7 @@ def test_same_settings_reuse_the_store_other_settings_do_not(shapes, tmp_path):
 
 
 def test_fingerprint_follows_every_setting_and_the_images(shapes, tmp_path, monkeypatch):
-    from pipeline.extract import job as job_module
+    from pipeline.features.extract import job as job_module
 
     def plan_only(job, dataset, path, meta, *args):  # fingerprint without extracting
         return job_module.JobResult(path, meta["fingerprint"], reused=False)

@@ -30,7 +30,7 @@ def run_stage(workdir, *args):
 
 
 def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
-    from pipeline.shapes import write_shapes_dataset
+    from pipeline.demo.shapes import write_shapes_dataset
 
     data = tmp_path / "shapes"
     write_shapes_dataset(data, n_train=6, n_val=1, n_test=1, seed=2, size=64)
@@ -71,8 +71,8 @@ def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
 
 
 def test_verify_names_the_first_missing_image(tmp_path):
-    from pipeline.extract.grid import GridSettings, extract_grid
-    from pipeline.shapes import write_shapes_dataset
+    from pipeline.features.extract.grid import GridSettings, extract_grid
+    from pipeline.demo.shapes import write_shapes_dataset
 
     small, big = tmp_path / "small", tmp_path / "big"
     write_shapes_dataset(small, n_train=3, n_val=0, n_test=0, seed=0, size=64)

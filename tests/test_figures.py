@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import CapstackError
-from trainer.figures import attention_figure, on_one_axis, training_curves, upsampled_attention
+from pipeline.core.errors import CapstackError
+from trainer.evaluation.figures import attention_figure, on_one_axis, training_curves, upsampled_attention
 
 H, W, K = 48, 64, 4
 
@@ -192,7 +192,7 @@ def test_missing_metrics_file_raises(tmp_path):
 
 
 def test_stages_figure_has_a_row_per_stage(tmp_path):
-    from trainer.figures import stages_figure
+    from trainer.evaluation.figures import stages_figure
 
     image = np.zeros((48, 64, 3), np.uint8)
     alphas = np.full((3, 16), 1 / 16)

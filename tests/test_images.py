@@ -1,4 +1,4 @@
-"""pipeline.extract.images: decoding every PIL mode to RGB, skipping bad files, DataLoader use."""
+"""pipeline.features.extract.images: decoding every PIL mode to RGB, skipping bad files, DataLoader use."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from pipeline.extract.images import (IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, ImageDataset,
+from pipeline.features.extract.images import (IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, ImageDataset,
                                      ImageSkipped, collate_images, detector_transform,
                                      grid_transform, karpathy_items, load_rgb, stack_images)
-from pipeline.karpathy import load_karpathy
+from pipeline.captions.karpathy import load_karpathy
 
 
 def pixels(image: Image.Image) -> np.ndarray:

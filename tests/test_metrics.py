@@ -1,4 +1,4 @@
-"""trainer.metrics and trainer.report: real pycocoevalcap scorers, real Java where present."""
+"""trainer.evaluation.metrics and trainer.evaluation.report: real pycocoevalcap scorers, real Java where present."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.errors import CapstackError
-from trainer import metrics as M
-from trainer import report as R
+from pipeline.core.errors import CapstackError
+from trainer.evaluation import metrics as M
+from trainer.evaluation import report as R
 
 REFS = {
     1: ["A dog runs across the green grass.", "A brown dog running on a lawn."],

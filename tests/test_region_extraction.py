@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.errors import CapstackError
-from pipeline.extract.region_extraction import RegionSettings, extract_regions, given_boxes
-from pipeline.shapes import write_shapes_dataset
-from pipeline.stores import open_store
+from pipeline.core.errors import CapstackError
+from pipeline.features.extract.region_extraction import RegionSettings, extract_regions, given_boxes
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.stores import open_store
 
 GIVEN = RegionSettings(arch="c5", backbone="resnet18", weights="random", boxes="given",
                        min_size=64, max_size=64, num_classes=2)

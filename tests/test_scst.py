@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import CapstackError
-from pipeline.vocab import EOS_ID, PAD_ID
+from pipeline.core.errors import CapstackError
+from pipeline.captions.vocab import EOS_ID, PAD_ID
 from trainer.config import load_experiment
 from trainer.decode import sample
 from trainer.decoders import build_decoder
 from trainer.rewards.cider import build_cache
-from trainer.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
+from trainer.objectives.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
@@ -111,8 +111,8 @@ class WordCount:
 def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
     from trainer.checkpoint import load_checkpoint
     from trainer.data import eval_batches
-    from trainer.predict import predict
-    from trainer.scst import SelfCritical
+    from trainer.evaluation.predict import predict
+    from trainer.objectives.scst import SelfCritical
     from trainer.train import Run
 
     root, _, exp = xe_run

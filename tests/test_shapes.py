@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.errors import CapstackError
-from pipeline.karpathy import load_karpathy
-from pipeline.shapes import write_shapes_dataset
-from pipeline.shapes.captions import captions_for
-from pipeline.shapes.grammar import article, join_list, plural
-from pipeline.shapes.relations import extreme, position, relations, spatial_relation
-from pipeline.shapes.scene import COLORS, Background, Obj, Scene, sample_scene
+from pipeline.core.errors import CapstackError
+from pipeline.captions.karpathy import load_karpathy
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.demo.shapes.captions import captions_for
+from pipeline.demo.shapes.grammar import article, join_list, plural
+from pipeline.demo.shapes.relations import extreme, position, relations, spatial_relation
+from pipeline.demo.shapes.scene import COLORS, Background, Obj, Scene, sample_scene
 
 SPLITS = {"train": 40, "val": 6, "test": 6}
 SIZE = 64

@@ -131,7 +131,7 @@ def test_shipped_stages_files_are_valid(capstack):
 
 def test_foreach_makes_one_stage_per_key(tmp_path):
     from cli import main
-    from pipeline.stagefile import load_stages_file
+    from pipeline.engine.stagefile import load_stages_file
 
     path = tmp_path / "stages.yaml"
     path.write_text(GOOD + """
@@ -163,7 +163,7 @@ def test_shipped_stages_files_and_experiments_are_valid():
     from pathlib import Path
 
     from cli import main
-    from pipeline.stagefile import load_stages_file
+    from pipeline.engine.stagefile import load_stages_file
     from trainer.config import load_experiment
 
     root = Path(__file__).resolve().parent.parent

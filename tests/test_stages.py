@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-import pipeline.stages
-from pipeline.codeversion import code_files
+import pipeline.engine.stages
+from pipeline.engine.codeversion import code_files
 
 STAGES = """
 params:
@@ -101,9 +101,9 @@ def test_cmd_change_is_detected(project):
 def test_code_change_is_detected(project, monkeypatch, tmp_path):
     fake_module = tmp_path / "fake_prepare.py"
     fake_module.write_text("VERSION = 1\n")
-    real = pipeline.stages.code_files
-    monkeypatch.setattr(pipeline.stages, "code_files",
-                        lambda m: real(m) + ((fake_module,) if m == "pipeline.prepare" else ()))
+    real = pipeline.engine.stages.code_files
+    monkeypatch.setattr(pipeline.engine.stages, "code_files",
+                        lambda m: real(m) + ((fake_module,) if m == "pipeline.captions.prepare" else ()))
     project.stage_cmd("demo")
     assert states(project)["prepare"] == "up to date"
     fake_module.write_text("VERSION = 2\n")
@@ -128,7 +128,7 @@ def test_code_files_follow_imports_and_nothing_else(tmp_path):
 
 
 def test_real_prepare_code_version_covers_its_modules():
-    names = {p.name for p in code_files("pipeline.prepare")}
+    names = {p.name for p in code_files("pipeline.captions.prepare")}
     assert {"prepare.py", "karpathy.py", "vocab.py", "errors.py"} <= names
     assert "stages.py" not in names
 

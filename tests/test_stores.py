@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from pipeline.errors import CapstackError
-from pipeline.stores import Record, create_writer, open_store, partial_path, store_format
-from pipeline.stores.buffer import BatchBuffer
+from pipeline.core.errors import CapstackError
+from pipeline.features.stores import Record, create_writer, open_store, partial_path, store_format
+from pipeline.features.stores.buffer import BatchBuffer
 
 SUFFIXES = [".lmdb", ".h5"]
 

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.errors import CapstackError
+from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches, load_captions
-from trainer.evaluate import evaluate_checkpoint
+from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import Run, train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 

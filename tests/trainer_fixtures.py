@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline.prepare import prepare_captions
-from pipeline.shapes import write_shapes_dataset
-from pipeline.stores import Record, create_writer
+from pipeline.captions.prepare import prepare_captions
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.stores import Record, create_writer
 
 TINY_DECODER = {"embed": 32, "hidden": 32}
 TINY_ATTENTION = {"embed": 32, "hidden": 32, "att_hidden": 16}

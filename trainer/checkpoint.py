@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.atomic import atomic_file
-from pipeline.errors import CapstackError
-from pipeline.vocab import digest_words
+from pipeline.core.atomic import atomic_file
+from pipeline.core.errors import CapstackError
+from pipeline.captions.vocab import digest_words
 
 FORMAT = "capstack-checkpoint-1"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import CapstackError
+from pipeline.core.errors import CapstackError
 
 
 @dataclass

@@ -19,13 +19,13 @@ import h5py
 import numpy as np
 import torch
 
-from pipeline.distributed import Ranks
-from pipeline.errors import CapstackError
-from pipeline.stores import Batch, Record, open_store
-from pipeline.stores.buffer import BatchBuffer
-from pipeline.stores.pointer import read_pointer
-from pipeline.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, Vocabulary
-from trainer.share import Share
+from pipeline.core.ranks import Ranks
+from pipeline.core.errors import CapstackError
+from pipeline.features.stores import Batch, Record, open_store
+from pipeline.features.stores.buffer import BatchBuffer
+from pipeline.features.stores.pointer import read_pointer
+from pipeline.captions.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, Vocabulary
+from trainer.objectives.share import Share
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 BUCKET_SPAN = 50

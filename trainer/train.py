@@ -6,7 +6,7 @@ epoch) is in ``last.pt``. The epoch's batch order is a function of (seed,
 epoch), and a step's randomness (dropout, samples) of (seed, epoch, batch), so a
 resumed run's next losses equal the uninterrupted run's.
 
-Under ``torchrun`` the same loop runs in every process (pipeline/distributed.py):
+Under ``torchrun`` the same loop runs in every process (pipeline/core/ranks.py):
 DDP synchronises the gradients, each rank reads and scores its part of every
 global batch and of the validation images, and only rank 0 writes. A
 checkpoint does not depend on the number of processes that wrote it.
@@ -30,21 +30,21 @@ import torch
 from tqdm import tqdm
 
 import pipeline
-from pipeline.atomic import atomic_file, replace_path
-from pipeline.distributed import Ranks, join
-from pipeline.errors import CapstackError
-from pipeline.hashing import md5_of_file
+from pipeline.core.atomic import atomic_file, replace_path
+from pipeline.core.ranks import Ranks, join
+from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import md5_of_file
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import Captions, Features, TrainBatches, check_coverage, load_captions
 from trainer.decoders import build_decoder, decoder_config
 from trainer.decode import SamplingNoise
 from trainer.decoders.base import Decoder
-from trainer.objective import Objective, xe_loss  # noqa: F401 (xe_loss: part of this API)
+from trainer.objectives.loss import Objective, xe_loss  # noqa: F401 (xe_loss: part of this API)
 from trainer.rewards.cider import CiderD
-from trainer.c2f import CoarseToFine
-from trainer.scst import SelfCritical
-from trainer.validate import validate
+from trainer.objectives.c2f import CoarseToFine
+from trainer.objectives.scst import SelfCritical
+from trainer.evaluation.validate import validate
 
 log = logging.getLogger(__name__)
 RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every"}

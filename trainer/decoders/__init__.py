@@ -7,7 +7,7 @@ import below.
 
 from __future__ import annotations
 
-from pipeline.registry import Registry
+from pipeline.core.registry import Registry
 
 DECODERS = Registry("decoder")
 

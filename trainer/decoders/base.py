@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from trainer.share import Share
+from trainer.objectives.share import Share
 
 Context = dict[str, Tensor]
 State = tuple[Tensor, ...]
@@ -96,7 +96,7 @@ class Decoder(nn.Module):
 
         targets [N, T] word ids, target_mask [N, T] bool, loc_mask [N, L] bool.
         Per-token and per-caption terms divide their sums by ``share``'s counts of
-        the global batch (trainer/share.py); without one, by these captions' own.
+        the global batch (trainer/objectives/share.py); without one, by these captions' own.
         """
         return output.logits.new_zeros(())
 

@@ -21,7 +21,7 @@ from torch import Tensor
 from trainer.decoders import DECODERS
 from trainer.decoders.base import DecoderOutput, divisors, expand_context
 from trainer.decoders.soft_attention import SoftAttention, SoftAttentionConfig
-from trainer.share import Share
+from trainer.objectives.share import Share
 
 
 @dataclass

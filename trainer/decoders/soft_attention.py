@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderOutput, State, divisors
-from trainer.share import Share
+from trainer.objectives.share import Share
 from trainer.modules.attention import AdditiveAttention
 from trainer.modules.pooling import masked_mean
 

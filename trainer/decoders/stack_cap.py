@@ -33,7 +33,7 @@ from trainer.decoders.base import (Context, Decoder, DecoderOutput, State, divis
                                    expand_context)
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
-from trainer.share import Share
+from trainer.objectives.share import Share
 
 
 @dataclass
@@ -75,7 +75,7 @@ class StackCap(Decoder):
         e, h, nf = config.embed, config.hidden, config.fine_stages
         self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
         if nf < 1:
-            from pipeline.errors import CapstackError
+            from pipeline.core.errors import CapstackError
             raise CapstackError(f"decoder_config.fine_stages: at least 1, got {nf}")
         self.word_embed = nn.Embedding(vocab_size, e)
         self.coarse = nn.LSTMCell(feature_dim + h + e, h)

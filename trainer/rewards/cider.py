@@ -28,9 +28,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from pipeline.atomic import atomic_file
-from pipeline.errors import CapstackError
-from pipeline.vocab import digest_words
+from pipeline.core.atomic import atomic_file
+from pipeline.core.errors import CapstackError
+from pipeline.captions.vocab import digest_words
 
 MAX_N = 4
 SIGMA = 6.0
@@ -219,7 +219,7 @@ def _padded(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def build_cache(prepared: str | Path, split: str, out: str | Path) -> CiderD:
     """The cached CIDEr-D references of a prepared dataset's split (the RL reward's stage)."""
     from trainer.data import load_captions
-    from trainer.metrics import load_references, simple_tokenize
+    from trainer.evaluation.metrics import load_references, simple_tokenize
 
     captions = load_captions(prepared)
     references = load_references(captions.references_path(split))

@@ -1,0 +1,172 @@
+"""Reading Karpathy-format caption files (COCO, Flickr8k, Flickr30k, shapes).
+
+The format of Karpathy's ``dataset_coco.json``::
+
+    {"dataset": "coco", "images": [{"filepath": "val2014", "filename": "COCO_val2014_...jpg",
+      "imgid": 0, "cocoid": 391895, "split": "test", "sentids": [0, ...],
+      "sentences": [{"tokens": ["a", "man"], "raw": "A man ...", "imgid": 0, "sentid": 0}]}]}
+
+Flickr8k/30k images have no ``filepath`` and no ``cocoid``. An image's id (the
+name it has in feature stores and COCO-format references) is ``cocoid`` when
+present, else ``imgid``. Every problem raises :class:`CapstackError` naming the
+file, the image and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import CapstackError
+
+SPLITS = ("train", "restval", "val", "test")
+_NOT_WORD = re.compile(r"[^a-z0-9 ]")
+
+
+def tokenize(raw: str) -> tuple[str, ...]:
+    """Karpathy's tokenization: lowercase, drop everything but letters, digits and spaces."""
+    return tuple(_NOT_WORD.sub("", raw.lower().replace("\t", " ").replace("\n", " ")).split())
+
+
+@dataclass(frozen=True)
+class Sentence:
+    tokens: tuple[str, ...]
+    raw: str
+    sentid: int
+
+
+@dataclass(frozen=True)
+class KarpathyImage:
+    index: int  # position in the file
+    image_id: int
+    imgid: int
+    split: str  # train, restval, val or test
+    filepath: str
+    filename: str
+    sentences: tuple[Sentence, ...]
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def relpath(self) -> str:
+        """Where the image lies below the image root."""
+        return f"{self.filepath}/{self.filename}" if self.filepath else self.filename
+
+
+@dataclass(frozen=True)
+class KarpathyDataset:
+    path: Path
+    name: str
+    images: tuple[KarpathyImage, ...]
+
+    def split(self, name: str) -> list[KarpathyImage]:
+        """Images of a split; ``train`` includes ``restval``."""
+        wanted = ("train", "restval") if name == "train" else (name,)
+        return [im for im in self.images if im.split in wanted]
+
+
+_KNOWN_IMAGE_KEYS = {"filepath", "filename", "imgid", "cocoid", "split", "sentids", "sentences"}
+
+
+def load_karpathy(path: str | Path) -> KarpathyDataset:
+    """Read and validate a Karpathy-format json."""
+    path = Path(path)
+    data = _read_json(path)
+    images_raw = data.get("images") if isinstance(data, dict) else None
+    if not isinstance(images_raw, list):
+        raise CapstackError(f'{path}: missing top-level "images" list')
+    if not images_raw:
+        raise CapstackError(f'{path}: "images" is empty')
+    images = tuple(_parse_image(path, i, raw) for i, raw in enumerate(images_raw))
+    _check_unique_ids(path, images)
+    return KarpathyDataset(path=path, name=str(data.get("dataset", path.stem)), images=images)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CapstackError(f"{path}: dataset json not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CapstackError(f"{path}: cannot read dataset json ({e})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CapstackError(f"{path}: not valid JSON (line {e.lineno} column {e.colno}: "
+                            f"{e.msg})") from None
+
+
+def _int_field(path: Path, where: str, raw: dict, key: str) -> int:
+    if key not in raw:
+        raise CapstackError(f'{path}: {where}: missing "{key}"')
+    value = raw[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise CapstackError(f"{path}: {where}.{key}: expected an integer, got {value!r}")
+    return value
+
+
+def _parse_image(path: Path, index: int, raw: Any) -> KarpathyImage:
+    where = f"images[{index}]"
+    if not isinstance(raw, dict):
+        raise CapstackError(f"{path}: {where}: expected an object")
+    imgid = _int_field(path, where, raw, "imgid")
+    where = f"images[{index}] (imgid {imgid})"
+    for key in ("split", "sentences", "filename"):
+        if key not in raw:
+            raise CapstackError(f'{path}: {where}: missing "{key}"')
+    split = raw["split"]
+    if split not in SPLITS:
+        raise CapstackError(f"{path}: {where}.split: unknown split {split!r} "
+                            f"(allowed: {', '.join(SPLITS)})")
+    image_id = _int_field(path, where, raw, "cocoid") if "cocoid" in raw else imgid
+    sentences = raw["sentences"]
+    if not isinstance(sentences, list):
+        raise CapstackError(f"{path}: {where}.sentences: expected a list")
+    if not sentences:
+        raise CapstackError(f"{path}: {where}.sentences: no sentences")
+    parsed = tuple(_parse_sentence(path, f"{where}.sentences[{k}]", s)
+                   for k, s in enumerate(sentences))
+    for key in ("filename", "filepath"):
+        if key in raw and not isinstance(raw[key], str):
+            raise CapstackError(f"{path}: {where}.{key}: expected a string")
+    return KarpathyImage(
+        index=index, image_id=image_id, imgid=imgid, split=split,
+        filepath=raw.get("filepath", ""), filename=raw["filename"], sentences=parsed,
+        extra={k: v for k, v in raw.items() if k not in _KNOWN_IMAGE_KEYS},
+    )
+
+
+def _parse_sentence(path: Path, where: str, raw: Any) -> Sentence:
+    if not isinstance(raw, dict):
+        raise CapstackError(f"{path}: {where}: expected an object")
+    tokens = raw.get("tokens")
+    text = raw.get("raw")
+    if text is not None and not isinstance(text, str):
+        raise CapstackError(f"{path}: {where}.raw: expected a string")
+    if tokens is None:
+        if not text:
+            raise CapstackError(f'{path}: {where}: neither "tokens" nor "raw"')
+        tokens = tokenize(text)
+        if not tokens:
+            raise CapstackError(f"{path}: {where}.raw: no words in {text!r}")
+    else:
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise CapstackError(f"{path}: {where}.tokens: expected a list of strings")
+        tokens = tuple(t.lower() for t in tokens if t.strip())
+        if not tokens:
+            raise CapstackError(f"{path}: {where}: empty tokens")
+    sentid = raw.get("sentid", -1)
+    if not isinstance(sentid, int) or isinstance(sentid, bool):
+        raise CapstackError(f"{path}: {where}.sentid: expected an integer, got {sentid!r}")
+    return Sentence(tokens=tuple(tokens), raw=text if text else " ".join(tokens), sentid=sentid)
+
+
+def _check_unique_ids(path: Path, images: tuple[KarpathyImage, ...]) -> None:
+    seen: dict[int, int] = {}
+    for im in images:
+        if im.image_id in seen:
+            raise CapstackError(f"{path}: images[{im.index}]: duplicate image id {im.image_id} "
+                                f"(also images[{seen[im.image_id]}])")
+        seen[im.image_id] = im.index

@@ -1,0 +1,140 @@
+"""The prepare stage: a Karpathy json -> vocabulary, encoded captions, references.
+
+``OUT_DIR`` after ``prepare_captions``:
+
+``vocab.json``
+    :class:`pipeline.captions.vocab.Vocabulary` built on the train split (``restval``
+    counts as train).
+``captions.h5``
+    images in the json's order, captions in each image's order:
+
+    ============  =========================  ==========================================
+    ``labels``    int32 [n_captions, max_len]  word ids, 0-padded, no <bos>/<eos>, truncated
+    ``lengths``   int32 [n_captions]          words per caption after truncation (>= 1)
+    ``label_start`` / ``label_end``  int64 [n_images]  the image's caption rows [start, end)
+    ``image_ids`` int64 [n_images]            cocoid, else imgid
+    ``split``     uint8 [n_images]            0 train (restval included), 1 val, 2 test;
+                                              attribute ``split_names`` names the codes
+    ============  =========================  ==========================================
+
+    attributes: ``max_len``, ``min_count``, ``vocab_size``, ``dataset``, ``dataset_json``.
+``refs_{split}.json``
+    the split's references, untruncated, in the COCO caption-annotation format
+    pycocoevalcap's ``COCO()`` reads.
+``images_{split}.json``
+    the split's image order: ``image_id``, ``row`` (index in ``captions.h5``),
+    ``filepath``, ``filename``.
+``summary.json``
+    the counts this function returns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.atomic import atomic_dir
+from pipeline.core.errors import CapstackError
+from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
+from pipeline.captions.vocab import Vocabulary
+
+OUT_SPLITS = ("train", "val", "test")
+SPLIT_CODE = {"train": 0, "restval": 0, "val": 1, "test": 2}
+
+
+def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count: int = 5,
+                     max_len: int = 16, progress: bool = False) -> dict:
+    """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts."""
+    if min_count < 1:
+        raise CapstackError(f"prepare: --min-count must be at least 1, got {min_count}")
+    if max_len < 1:
+        raise CapstackError(f"prepare: --max-len must be at least 1, got {max_len}")
+    dataset = load_karpathy(dataset_json)
+    vocab = Vocabulary.build(
+        (s.tokens for im in dataset.split("train") for s in im.sentences), min_count)
+    labels, lengths, starts, ends = encode_captions(dataset, vocab, max_len, progress)
+    summary = _summary(dataset, vocab, max_len, min_count)
+    with atomic_dir(out_dir) as tmp:
+        vocab.save(tmp / "vocab.json")
+        _write_captions_h5(tmp / "captions.h5", dataset, vocab, labels, lengths, starts, ends,
+                           max_len, min_count, str(dataset_json))
+        for split in OUT_SPLITS:
+            images = dataset.split(split)
+            _write_json(tmp / f"refs_{split}.json", coco_references(images, dataset.name))
+            _write_json(tmp / f"images_{split}.json", [
+                {"image_id": im.image_id, "row": im.index, "filepath": im.filepath,
+                 "filename": im.filename} for im in images])
+        _write_json(tmp / "summary.json", summary)
+    return summary
+
+
+def encode_captions(dataset: KarpathyDataset, vocab: Vocabulary, max_len: int,
+                    progress: bool = False):
+    """All captions as one 0-padded id matrix, with lengths and per-image row ranges."""
+    from tqdm import tqdm
+
+    n_captions = sum(len(im.sentences) for im in dataset.images)
+    labels = np.zeros((n_captions, max_len), dtype=np.int32)
+    lengths = np.zeros(n_captions, dtype=np.int32)
+    starts = np.zeros(len(dataset.images), dtype=np.int64)
+    ends = np.zeros(len(dataset.images), dtype=np.int64)
+    row = 0
+    for i, im in enumerate(tqdm(dataset.images, desc="prepare", unit="img", disable=not progress)):
+        starts[i] = row
+        for sentence in im.sentences:
+            ids = vocab.encode(sentence.tokens[:max_len])
+            labels[row, :len(ids)] = ids
+            lengths[row] = len(ids)
+            row += 1
+        ends[i] = row
+    return labels, lengths, starts, ends
+
+
+def coco_references(images, dataset_name: str) -> dict:
+    """References in the COCO caption-annotation format (what pycocoevalcap reads)."""
+    return {
+        "info": {"description": f"{dataset_name} references, written by capstack prepare"},
+        "licenses": [],
+        "type": "captions",
+        "images": [{"id": im.image_id, "file_name": im.relpath} for im in images],
+        "annotations": [{"image_id": im.image_id, "id": s.sentid, "caption": s.raw}
+                        for im in images for s in im.sentences],
+    }
+
+
+def _write_captions_h5(path, dataset, vocab, labels, lengths, starts, ends, max_len, min_count,
+                       dataset_json):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("labels", data=labels, compression="gzip", compression_opts=1)
+        f.create_dataset("lengths", data=lengths)
+        f.create_dataset("label_start", data=starts)
+        f.create_dataset("label_end", data=ends)
+        f.create_dataset("image_ids", data=np.array([im.image_id for im in dataset.images],
+                                                    dtype=np.int64))
+        split = f.create_dataset("split", data=np.array(
+            [SPLIT_CODE[im.split] for im in dataset.images], dtype=np.uint8))
+        split.attrs["split_names"] = list(OUT_SPLITS)
+        f.attrs.update({"max_len": max_len, "min_count": min_count, "vocab_size": len(vocab),
+                        "dataset": dataset.name, "dataset_json": dataset_json})
+
+
+def _summary(dataset, vocab, max_len, min_count) -> dict:
+    train_tokens = [t for im in dataset.split("train") for s in im.sentences for t in s.tokens]
+    return {
+        "dataset": dataset.name,
+        "images": {s: len(dataset.split(s)) for s in OUT_SPLITS},
+        "captions": {s: sum(len(im.sentences) for im in dataset.split(s)) for s in OUT_SPLITS},
+        "vocab_size": len(vocab),
+        "unk_tokens": sum(t not in vocab.wtoi for t in train_tokens),
+        "truncated": sum(len(s.tokens) > max_len for im in dataset.images for s in im.sentences),
+        "max_len": max_len,
+        "min_count": min_count,
+    }
+
+
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data))

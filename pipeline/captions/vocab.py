@@ -1,0 +1,91 @@
+"""The vocabulary: words <-> ids, with four special tokens first.
+
+``<pad>`` = 0 pads label rows, ``<bos>`` = 1 starts decoding, ``<eos>`` = 2 ends
+a caption, ``<unk>`` = 3 stands for every word seen fewer than ``min_count``
+times in the train split. Words follow by count (descending), ties
+alphabetical, so the same captions always give the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from pipeline.core.errors import CapstackError
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+
+
+def digest_words(itow: Sequence[str]) -> str:
+    return hashlib.md5(json.dumps(list(itow)).encode()).hexdigest()
+
+
+class Vocabulary:
+    def __init__(self, words: Sequence[str], counts: dict[str, int] | None = None,
+                 min_count: int = 1):
+        self.itow = list(SPECIALS) + [w for w in words if w not in SPECIALS]
+        self.wtoi = {w: i for i, w in enumerate(self.itow)}
+        self.counts = dict(counts or {})
+        self.min_count = min_count
+
+    @classmethod
+    def build(cls, token_lists: Iterable[Sequence[str]], min_count: int) -> "Vocabulary":
+        counts = Counter(t for tokens in token_lists for t in tokens)
+        kept = sorted((w for w, c in counts.items() if c >= min_count),
+                      key=lambda w: (-counts[w], w))
+        return cls(kept, {w: counts[w] for w in kept}, min_count)
+
+    def __len__(self) -> int:
+        return len(self.itow)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Vocabulary) and self.itow == other.itow
+
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        return [self.wtoi.get(t, UNK_ID) for t in tokens]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Words of ``ids`` up to the first ``<eos>``; ``<pad>`` and ``<bos>`` skipped."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i in (PAD_ID, BOS_ID):
+                continue
+            words.append(self.itow[i])
+        return words
+
+    def digest(self) -> str:
+        """md5 of the id -> word list: what checkpoints and reward caches compare."""
+        return digest_words(self.itow)
+
+    def to_json(self) -> dict:
+        return {"itow": self.itow, "counts": self.counts, "min_count": self.min_count,
+                "specials": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "vocabulary") -> "Vocabulary":
+        itow = data.get("itow") if isinstance(data, dict) else None
+        if not isinstance(itow, list) or list(itow[:4]) != list(SPECIALS):
+            raise CapstackError(f'{source}: "itow" must be a list starting with '
+                                f"{', '.join(SPECIALS)}")
+        return cls(itow[4:], data.get("counts"), data.get("min_count", 1))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Vocabulary":
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CapstackError(f"{path}: vocabulary not found") from None
+        except (OSError, ValueError) as e:
+            raise CapstackError(f"{path}: cannot read vocabulary ({e})") from None
+        return cls.from_json(data, str(path))

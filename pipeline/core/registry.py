@@ -1,0 +1,42 @@
+"""Components found by name: ``@DECODERS.register("top_down")``, then ``DECODERS.get(name)``.
+
+A registry sits beside what it holds (``trainer/decoders/__init__.py`` holds
+``DECODERS``); the package imports every module so each registers itself.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, TypeVar
+
+from pipeline.core.errors import CapstackError
+
+T = TypeVar("T")
+
+
+class Registry:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, object] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def add(obj: T) -> T:
+            if name in self._items:
+                raise CapstackError(f"{self.kind} {name!r} is registered twice "
+                                    f"({self._items[name]!r} and {obj!r})")
+            self._items[name] = obj
+            return obj
+        return add
+
+    def get(self, name: str):
+        if name not in self._items:
+            raise CapstackError(f"unknown {self.kind} {name!r} (choose {', '.join(sorted(self))})")
+        return self._items[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def items(self):
+        return sorted(self._items.items())

@@ -1,0 +1,431 @@
+"""Reading and validating a stages file (``stages.yaml``).
+
+A stages file declares the pipeline as stages, each a capstack command with
+the paths it reads (``deps``), the paths it writes (``outs``) and the values it
+is run with (``params``)::
+
+    params:                      # shared values any stage may use
+      data: data/shapes
+    stages:
+      prepare:
+        desc: Karpathy json -> vocabulary, captions HDF5, references
+        cmd: capstack prepare ${data}/dataset_shapes.json data/prepared --min-count ${min_count}
+        params: {min_count: 5}
+        deps: [${data}/dataset_shapes.json]
+        outs: [data/prepared]
+
+``${name}`` is replaced by the stage's own param, else by the shared one; a
+stage's recorded params are its own plus the shared ones it uses.
+
+One entry can declare a family of stages, as DVC's ``foreach``/``do`` does::
+
+      train:
+        foreach:                 # key -> values of ${item.NAME}
+          show_tell: {features: grid}
+          top_down: {features: regions}
+        do:
+          cmd: capstack train configs/experiments/${key}.yaml --out runs/${key}
+          deps:
+            - data/features/${item.features}.json
+          outs:
+            - runs/${key}
+
+gives the stages ``train@show_tell`` and ``train@top_down``; the ``${key}`` and
+``${item.NAME}`` a stage uses are recorded among its params.
+
+A top-level ``demo: [report]`` names what ``capstack demo`` builds: those stages
+and every stage they need (without it, every stage). A dep that is
+(or lies inside, or contains) another stage's out makes that stage upstream.
+Every problem is reported as ``FILE: FIELD: problem`` before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from pipeline.core.errors import CapstackError
+
+_PARAM_REF = re.compile(r"\$\{([^}]*)\}")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+)?$")  # @key: foreach
+_LOOP_KEYS = {"foreach", "do"}
+_TOP_KEYS = {"params", "stages", "demo"}
+_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc"}
+_SCALARS = (str, int, float, bool)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage with every ``${param}`` resolved."""
+
+    name: str
+    desc: str
+    cmd: str
+    cmd_template: str  # as written, before ${param} substitution
+    argv: tuple[str, ...]  # cmd split, without the leading "capstack"
+    command: str  # the capstack sub-command it runs
+    deps: tuple[str, ...]
+    outs: tuple[str, ...]
+    params: dict[str, Any]  # every param the stage uses, by name
+    nproc: int = 1  # processes its command runs as (torchrun); not part of what it computes
+
+
+@dataclass(frozen=True)
+class StageTemplate:
+    """One stage as written in the file, before ``${param}`` substitution."""
+
+    name: str
+    desc: str
+    cmd: str
+    deps: tuple[str, ...]
+    outs: tuple[str, ...]
+    params: dict[str, Any]
+    loop: dict[str, Any] = field(default_factory=dict)  # ${key}, ${item.NAME} of a foreach
+    nproc: int = 1
+
+
+@dataclass
+class StagesFile:
+    path: Path
+    params: dict[str, Any]
+    templates: dict[str, StageTemplate]  # in file order
+    commands: frozenset[str]
+    stages: dict[str, Stage] = field(default_factory=dict)
+    parallel: frozenset[str] | None = None  # commands that take --nproc (None: not checked)
+    demo: tuple[str, ...] = ()  # what `capstack demo` builds (with what it needs); () = all
+    upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    order: tuple[str, ...] = ()
+
+    def stage(self, name: str) -> Stage:
+        if name not in self.stages:
+            raise CapstackError(
+                f"{self.path}: no stage named '{name}' (stages: {', '.join(self.stages)})"
+            )
+        return self.stages[name]
+
+    def with_overrides(self, name: str, assignments: Iterable[str]) -> Stage:
+        """The stage ``name`` with ``--set NAME=VALUE`` overrides applied."""
+        stage = self.stage(name)
+        assignments = list(assignments)
+        if not assignments:
+            return stage
+        template = self.templates[name]
+        overrides = {}
+        for text in assignments:
+            key, value = parse_assignment(text, stage, self.path)
+            overrides[key] = value
+        own = {**template.params, **{k: v for k, v in overrides.items() if k in template.params}}
+        shared = {**self.params, **{k: v for k, v in overrides.items() if k not in template.params}}
+        return _resolve(self.path, template, shared, own, self.commands, self.parallel)
+
+
+# -- loading ---------------------------------------------------------------------------
+def load_stages_file(path: str | os.PathLike, commands: Iterable[str],
+                     parallel: Iterable[str] | None = None) -> StagesFile:
+    """Read, validate and resolve a stages file.
+
+    ``commands`` are the capstack sub-commands a stage may run; ``parallel``
+    those that can run as several processes (a stage's ``nproc``).
+    """
+    path = Path(path)
+    raw = _read_yaml(path)
+    commands = frozenset(commands)
+    parallel = None if parallel is None else frozenset(parallel)
+    shared = _check_params(path, "params", raw.get("params", {}) or {})
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, dict) or not stages_raw:
+        raise CapstackError(f"{path}: stages: expected a mapping of stage names to stages")
+    templates = {}
+    for name, body in stages_raw.items():
+        for template in _expand(path, name, body):
+            if template.name in templates:
+                raise CapstackError(f"{path}: stages.{template.name}: declared twice")
+            templates[template.name] = template
+    resolved = {
+        name: _resolve(path, t, shared, t.params, commands, parallel)
+        for name, t in templates.items()
+    }
+    sf = StagesFile(path=path, params=shared, templates=templates, commands=commands,
+                    stages=resolved, parallel=parallel)
+    sf.demo = _check_demo(path, raw.get("demo"), resolved)
+    _check_outs_disjoint(path, resolved)
+    sf.upstream = _upstream_of(resolved)
+    sf.order = _topological_order(path, resolved, sf.upstream)
+    return sf
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CapstackError(f"{path}: stages file not found") from None
+    except OSError as e:
+        raise CapstackError(f"{path}: cannot read stages file ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise CapstackError(f"{path}: not valid YAML{at}: {problem}") from None
+    if not isinstance(data, dict):
+        raise CapstackError(f"{path}: expected a mapping with a 'stages' key")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise CapstackError(
+            f"{path}: {unknown[0]}: unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})"
+        )
+    return data
+
+
+def _check_demo(path: Path, demo: Any, stages: Mapping[str, Stage]) -> tuple[str, ...]:
+    """The top-level ``demo:`` list (or one name): stages that exist."""
+    if demo is None:
+        return ()
+    names = [demo] if isinstance(demo, str) else demo
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise CapstackError(f"{path}: demo: expected a stage name or a list of them")
+    for name in names:
+        if name not in stages:
+            raise CapstackError(f"{path}: demo: no stage named '{name}'")
+    return tuple(names)
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _check_params(path: Path, where: str, params: Any) -> dict[str, Any]:
+    if not isinstance(params, dict):
+        raise CapstackError(f"{path}: {where}: expected a mapping of names to values")
+    for key, value in params.items():
+        if not isinstance(key, str) or not _NAME.match(key):
+            raise CapstackError(f"{path}: {where}: invalid param name {key!r}")
+        if value is None or not isinstance(value, _SCALARS):
+            raise CapstackError(
+                f"{path}: {where}.{key}: expected a string, number or boolean, "
+                f"got {_type_name(value)}"
+            )
+    return dict(params)
+
+
+def _check_str_list(path: Path, where: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise CapstackError(f"{path}: {where}: expected a list of paths")
+    return tuple(value)
+
+
+def _expand(path: Path, name: Any, body: Any) -> list[StageTemplate]:
+    """One stage, or the ``name@key`` stages of a ``foreach``/``do`` entry."""
+    if not isinstance(body, dict) or "foreach" not in body:
+        return [_check_stage(path, name, body)]
+    where = f"stages.{name}"
+    if not isinstance(name, str) or not _STAGE_NAME.match(name):
+        raise CapstackError(f"{path}: {where}: invalid stage name")
+    unknown = sorted(set(body) - _LOOP_KEYS)
+    if unknown:
+        raise CapstackError(f"{path}: {where}.{unknown[0]}: unknown key next to foreach "
+                            f"(allowed: do, foreach)")
+    items = body["foreach"]
+    if isinstance(items, list):
+        items = {str(item): {} for item in items}
+    if not isinstance(items, dict) or not items:
+        raise CapstackError(f"{path}: {where}.foreach: expected a non-empty list of keys or a "
+                            f"mapping of keys to values")
+    templates = []
+    for key, values in items.items():
+        values = _check_params(path, f"{where}.foreach.{key}", values or {})
+        template = _check_stage(path, f"{name}@{key}", body.get("do"))
+        loop = {"key": str(key), **{f"item.{k}": v for k, v in values.items()}}
+        templates.append(StageTemplate(**{**template.__dict__, "loop": loop}))
+    return templates
+
+
+def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
+    where = f"stages.{name}"
+    if not isinstance(name, str) or not _STAGE_NAME.match(name):
+        raise CapstackError(f"{path}: {where}: invalid stage name")
+    if not isinstance(body, dict):
+        raise CapstackError(f"{path}: {where}: expected a mapping with a 'cmd'")
+    unknown = sorted(set(body) - _STAGE_KEYS)
+    if unknown:
+        raise CapstackError(
+            f"{path}: {where}.{unknown[0]}: unknown key "
+            f"(allowed: {', '.join(sorted(_STAGE_KEYS))})"
+        )
+    cmd = body.get("cmd")
+    if not isinstance(cmd, str) or not cmd.strip():
+        raise CapstackError(f"{path}: {where}.cmd: missing (a capstack command)")
+    desc = body.get("desc", "")
+    if not isinstance(desc, str):
+        raise CapstackError(f"{path}: {where}.desc: expected a string")
+    nproc = body.get("nproc", 1)
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise CapstackError(f"{path}: {where}.nproc: expected a positive number of processes, "
+                            f"got {nproc!r}")
+    return StageTemplate(
+        name=name,
+        desc=desc,
+        cmd=cmd,
+        deps=_check_str_list(path, f"{where}.deps", body.get("deps")),
+        outs=_check_str_list(path, f"{where}.outs", body.get("outs")),
+        params=_check_params(path, f"{where}.params", body.get("params") or {}),
+        nproc=nproc,
+    )
+
+
+# -- resolving ${params} -----------------------------------------------------------------
+def _render(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _substitute(path: Path, where: str, text: str, lookup: Mapping[str, Any], used: dict,
+                quote: bool) -> str:
+    def replace(match: re.Match) -> str:
+        key = match.group(1).strip()
+        if key not in lookup:
+            known = ", ".join(sorted(lookup)) or "none"
+            raise CapstackError(f"{path}: {where}: unknown param ${{{key}}} (params: {known})")
+        used[key] = lookup[key]
+        rendered = _render(lookup[key])
+        return shlex.quote(rendered) if quote else rendered
+
+    return _PARAM_REF.sub(replace, text)
+
+
+def _normalise(p: str) -> str:
+    return os.path.normpath(os.path.expanduser(p))
+
+
+def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mapping[str, Any],
+             commands: frozenset, parallel: frozenset | None = None) -> Stage:
+    where = f"stages.{t.name}"
+    lookup = {**shared, **own, **t.loop}
+    used: dict[str, Any] = {}
+    cmd = _substitute(path, f"{where}.cmd", t.cmd, lookup, used, quote=True)
+    deps = tuple(_normalise(_substitute(path, f"{where}.deps", d, lookup, used, False))
+                 for d in t.deps)
+    outs = tuple(_normalise(_substitute(path, f"{where}.outs", o, lookup, used, False))
+                 for o in t.outs)
+    unused = sorted(set(own) - set(used))
+    if unused:
+        raise CapstackError(
+            f"{path}: {where}.params.{unused[0]}: declared but not used in cmd, deps or outs"
+        )
+    try:
+        words = shlex.split(cmd)
+    except ValueError as e:
+        raise CapstackError(f"{path}: {where}.cmd: cannot split command ({e})") from None
+    if len(words) < 2 or words[0] != "capstack":
+        raise CapstackError(f"{path}: {where}.cmd: must start with 'capstack <command>', got {cmd!r}")
+    if words[1] not in commands:
+        raise CapstackError(
+            f"{path}: {where}.cmd: unknown command 'capstack {words[1]}' "
+            f"(stage commands: {', '.join(sorted(commands))})"
+        )
+    if t.nproc > 1 and parallel is not None and words[1] not in parallel:
+        raise CapstackError(f"{path}: {where}.nproc: 'capstack {words[1]}' runs as one process "
+                            f"(nproc is for: {', '.join(sorted(parallel))})")
+    params = dict(sorted(used.items()))
+    return Stage(t.name, t.desc, cmd, t.cmd, tuple(words[1:]), words[1], deps, outs, params,
+                 t.nproc)
+
+
+# -- the graph ---------------------------------------------------------------------------
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def _check_outs_disjoint(path: Path, stages: Mapping[str, Stage]) -> None:
+    owners: list[tuple[str, str]] = [(o, s.name) for s in stages.values() for o in s.outs]
+    for i, (out_a, stage_a) in enumerate(owners):
+        for out_b, stage_b in owners[i + 1:]:
+            if _inside(out_a, out_b) or _inside(out_b, out_a):
+                raise CapstackError(
+                    f"{path}: stages.{stage_b}.outs: '{out_b}' overlaps '{out_a}', "
+                    f"an out of stage '{stage_a}'"
+                )
+
+
+def _upstream_of(stages: Mapping[str, Stage]) -> dict[str, tuple[str, ...]]:
+    """For each stage, the stages whose outs it depends on."""
+    upstream = {}
+    for stage in stages.values():
+        producers = []
+        for dep in stage.deps:
+            for other in stages.values():
+                if any(_inside(dep, out) or _inside(out, dep) for out in other.outs):
+                    if other.name not in producers:
+                        producers.append(other.name)
+        upstream[stage.name] = tuple(producers)
+    return upstream
+
+
+def _topological_order(path: Path, stages: Mapping[str, Stage],
+                       upstream: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            cycle = trail[trail.index(name):] + [name]
+            raise CapstackError(f"{path}: stages: dependency cycle: {' -> '.join(cycle)}")
+        state[name] = "visiting"
+        for up in upstream[name]:
+            visit(up, trail + [name])
+        state[name] = "done"
+        order.append(name)
+
+    for name in stages:
+        visit(name, [])
+    return tuple(order)
+
+
+# -- --set NAME=VALUE --------------------------------------------------------------------
+def parse_assignment(text: str, stage: Stage, path: Path) -> tuple[str, Any]:
+    """Parse ``NAME=VALUE`` for ``stage``; the value must keep the param's type."""
+    key, sep, value_text = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise CapstackError(f"--set {text}: expected NAME=VALUE")
+    if key not in stage.params:
+        known = ", ".join(stage.params) or "none"
+        raise CapstackError(
+            f"--set {text}: stage '{stage.name}' in {path} has no param '{key}' (params: {known})"
+        )
+    current = stage.params[key]
+    return key, coerce_like(current, value_text, f"--set {text}")
+
+
+def coerce_like(current: Any, text: str, where: str) -> Any:
+    """``text`` converted to the type of ``current``, or a CapstackError naming ``where``."""
+    if isinstance(current, str):
+        return text
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    expected = _type_name(current)
+    if isinstance(current, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(current, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:  # float
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    if not ok:
+        raise CapstackError(f'{where}: expected {expected}, got "{text}"')
+    return value

@@ -1,0 +1,257 @@
+"""The stage engine: decide which stages are up to date, say why, run one.
+
+A stage is up to date when the record of its last successful run (its entry
+in the lock file ``<workdir>/<stages file stem>.lock``) matches, checked in this
+order as dvc does: the command line as written, the params (by value), the version of the
+code the command runs, the content of every dep, and the outs still being what
+the run wrote. Each mismatch becomes a reason such as
+``param min_count 5 -> 3`` or ``dep data/shapes changed``.
+
+Running a stage runs its capstack command in a child process (``python -m
+cli``), under an exclusive lock naming its holder. The command writes its outs
+under temporary names and renames them when complete; the engine writes the
+lock entry only after the command succeeded and its outs were hashed, so a
+stage killed half way is never recorded as done.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import yaml
+
+from pipeline.core.atomic import atomic_file
+from pipeline.engine.codeversion import code_files, project_root
+from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import HashCache
+from pipeline.core.runlock import exclusive_run, waiting_lock
+from pipeline.engine.stagefile import Stage, StagesFile
+
+UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
+LOCK_SCHEMA = 1
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    name: str
+    state: str
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.state == UP_TO_DATE
+
+    def describe(self) -> str:
+        return f"{self.state}: {'; '.join(self.reasons)}" if self.reasons else self.state
+
+
+def _param_changes(recorded: Mapping, current: Mapping) -> list[str]:
+    changes = []
+    for key in sorted(set(recorded) | set(current)):
+        if key not in recorded:
+            changes.append(f"param {key} added ({current[key]!r})")
+        elif key not in current:
+            changes.append(f"param {key} removed")
+        elif recorded[key] != current[key] or type(recorded[key]) is not type(current[key]):
+            changes.append(f"param {key} {recorded[key]!r} -> {current[key]!r}")
+    return changes
+
+
+class Pipeline:
+    """The stages of one stages file, checked and run in ``workdir``.
+
+    ``commands`` maps each capstack sub-command a stage may run to the module
+    that implements it (whose source files are the stage's code version).
+    """
+
+    def __init__(self, stages_file: StagesFile, workdir: str | os.PathLike,
+                 commands: Mapping[str, str]):
+        self.file = stages_file
+        self.workdir = Path(workdir).resolve()
+        self.commands = dict(commands)
+        self.state_dir = self.workdir / ".capstack"
+        self.lock_path = self.workdir / f"{stages_file.path.stem}.lock"
+        self._hashes = HashCache(self.state_dir / "hashes.sqlite")
+
+    # -- the record of past runs --------------------------------------------------------
+    def _read_lock(self) -> dict:
+        try:
+            text = self.lock_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        try:
+            data = yaml.load(text, Loader=_Loader) or {}
+        except yaml.YAMLError as e:
+            raise CapstackError(f"{self.lock_path}: damaged lock file ({e}); delete it to "
+                                f"rerun every stage") from None
+        return data.get("stages", {}) if isinstance(data, dict) else {}
+
+    def _write_lock_entry(self, name: str, entry: dict) -> None:
+        with waiting_lock(self.state_dir / "lockfile.flock"):
+            stages = self._read_lock()
+            stages[name] = entry
+            with atomic_file(self.lock_path) as tmp:
+                tmp.write_text(yaml.dump({"schema": LOCK_SCHEMA, "stages": stages},
+                                         Dumper=_Dumper, sort_keys=False))
+
+    # -- digests ------------------------------------------------------------------------
+    def _path(self, p: str) -> Path:
+        return self.workdir / p
+
+    def _code_digest(self, stage: Stage) -> dict[str, str]:
+        root = project_root()
+        return {str(f.relative_to(root) if f.is_relative_to(root) else f): self._hashes.file_md5(f)
+                for f in code_files(self.commands[stage.command])}
+
+    def _digests(self, paths: Iterable[str]) -> dict[str, dict | None]:
+        out = {}
+        for p in paths:
+            d = self._hashes.digest(self._path(p))
+            out[p] = d.to_dict() if d else None
+        return out
+
+    # -- deciding -----------------------------------------------------------------------
+    def own_status(self, stage: Stage, record: Mapping | None = None) -> StageStatus:
+        """Status from the stage's own record, ignoring upstream stages."""
+        if record is None:
+            record = self._read_lock().get(stage.name)
+        if not record:
+            return StageStatus(stage.name, NEVER_RUN)
+        reasons = []
+        if record.get("cmd") != stage.cmd_template:  # a param's new value is no cmd change
+            reasons.append("cmd changed")
+        reasons += _param_changes(record.get("params") or {}, stage.params)
+        reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
+        reasons += self._path_changes("dep", record.get("deps") or {}, stage.deps, "changed")
+        reasons += self._path_changes("out", record.get("outs") or {}, stage.outs, "modified")
+        self._hashes.save()
+        return StageStatus(stage.name, STALE if reasons else UP_TO_DATE, tuple(reasons))
+
+    @staticmethod
+    def _code_changes(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+        changed = sorted(f for f in set(recorded) | set(current)
+                         if recorded.get(f) != current.get(f))
+        if not changed:
+            return []
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return [f"code changed: {', '.join(changed[:3])}{more}"]
+
+    def _path_changes(self, kind: str, recorded: Mapping, paths: tuple[str, ...],
+                      verb: str) -> list[str]:
+        reasons = []
+        for p in sorted(set(recorded) - set(paths)):
+            reasons.append(f"{kind} {p} removed")
+        for p, now in self._digests(paths).items():
+            if now is None:
+                reasons.append(f"{kind} {p} missing")
+            elif p not in recorded:
+                reasons.append(f"{kind} {p} added")
+            elif (recorded[p] or {}).get("md5") != now["md5"]:
+                reasons.append(f"{kind} {p} {verb}")
+        return reasons
+
+    def statuses(self) -> dict[str, StageStatus]:
+        """Every stage's status, in run order; a stage behind a stale one is stale too."""
+        records = self._read_lock()
+        result: dict[str, StageStatus] = {}
+        for name in self.file.order:
+            st = self.own_status(self.file.stage(name), records.get(name))
+            behind = [u for u in self.file.upstream[name] if not result[u].up_to_date]
+            if st.up_to_date and behind:
+                st = StageStatus(name, STALE, tuple(
+                    f"upstream stage {u} is {result[u].state}" for u in behind))
+            result[name] = st
+        return result
+
+    def upstream_closure(self, name: str) -> list[str]:
+        """Stages ``name`` depends on, directly or not, in run order."""
+        needed: set[str] = set()
+        todo = list(self.file.upstream[name])
+        while todo:
+            u = todo.pop()
+            if u not in needed:
+                needed.add(u)
+                todo.extend(self.file.upstream[u])
+        return [s for s in self.file.order if s in needed]
+
+    # -- running ------------------------------------------------------------------------
+    def run(self, name: str, *, force: bool = False, with_deps: bool = False,
+            assignments: Iterable[str] = (), report: Callable[[str], None] = lambda m: None
+            ) -> list[str]:
+        """Run stage ``name`` (and, with ``with_deps``, the upstream stages it needs).
+
+        Returns the names of the stages that actually ran.
+        """
+        stage = self.file.with_overrides(name, assignments)
+        upstream = self.upstream_closure(name)
+        if upstream:
+            states = self.statuses()
+            behind = [u for u in upstream if not states[u].up_to_date]
+            if behind and not with_deps:
+                u = behind[0]
+                raise CapstackError(
+                    f"stage '{name}' needs stage '{u}', which is {states[u].describe()}; "
+                    f"run `capstack run {u}` first, or add --with-deps"
+                )
+            upstream = behind
+        ran = [u for u in upstream if self._run_one(self.file.stage(u), False, report)]
+        if self._run_one(stage, force, report):
+            ran.append(name)
+        return ran
+
+    def run_all(self, report: Callable[[str], None] = lambda m: None) -> list[str]:
+        """Every stage in order, each skipped when up to date."""
+        return [n for n in self.file.order if self._run_one(self.file.stage(n), False, report)]
+
+    def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
+        holder = self.state_dir / "running" / f"{self.file.path.stem}.{stage.name}.pid"
+        with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}"):
+            status = self.own_status(stage)
+            if status.up_to_date and not force:
+                report(f"Stage '{stage.name}' is up to date, skipping.")
+                return False
+            why = "forced" if status.up_to_date else status.describe()
+            report(f"Running stage '{stage.name}' ({why}): {stage.cmd}")
+            self._execute(stage)
+            return True
+
+    def _execute(self, stage: Stage) -> None:
+        deps = self._digests(stage.deps)
+        missing = [p for p, d in deps.items() if d is None]
+        if missing:
+            raise CapstackError(f"stage '{stage.name}': dep {missing[0]} does not exist "
+                                f"(in {self.workdir})")
+        code = self._code_digest(stage)
+        started = time.time()
+        env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
+        if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
+            env["CAPSTACK_NPROC"] = str(stage.nproc)
+        rc = subprocess.run([sys.executable, "-m", "cli", *stage.argv], cwd=self.workdir,
+                            env=env).returncode
+        if rc != 0:
+            raise CapstackError(f"stage '{stage.name}' failed: `{stage.cmd}` exited with status "
+                                f"{rc}; nothing was recorded")
+        outs = self._digests(stage.outs)
+        absent = [p for p, d in outs.items() if d is None]
+        if absent:
+            raise CapstackError(f"stage '{stage.name}': `{stage.cmd}` succeeded but did not "
+                                f"write its out {absent[0]}")
+        self._hashes.save()
+        self._write_lock_entry(stage.name, {
+            "cmd": stage.cmd_template,
+            "ran": stage.cmd,
+            "params": stage.params,
+            "code": code,
+            "deps": deps,
+            "outs": outs,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "duration_s": round(time.time() - started, 3),
+        })

@@ -1,0 +1,51 @@
+"""``--nproc N``: a command run as N processes under ``torchrun``, never a scheduler of our own.
+
+torchrun starts the processes; each runs the same capstack command (less
+``--nproc``) and joins the process group through :func:`pipeline.core.ranks.join`.
+The stage engine hands a stage's ``nproc`` to its command the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Sequence
+
+from pipeline.core.errors import CapstackError
+
+LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
+
+
+def under_torchrun() -> bool:
+    return LAUNCHED_BY_TORCHRUN in os.environ
+
+
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    """``torchrun --standalone --nproc-per-node N`` running ``capstack ARGV`` in each process."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "cli", *argv]
+
+
+def launch(nproc: int, argv: Sequence[str]) -> int:
+    """Run ``capstack ARGV`` as ``nproc`` processes on this machine; their exit status.
+
+    What ``--nproc N`` does: torchrun starts the processes, and each runs the
+    same command (without ``--nproc``), joining the group through :func:`join`.
+    """
+    if nproc < 1:
+        raise CapstackError(f"--nproc: expected a positive number of processes, got {nproc}")
+    return subprocess.run(torchrun_command(nproc, argv)).returncode
+
+
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` less ``option VALUE`` and ``option=VALUE`` (what each torchrun process runs)."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == option:
+            skip = True
+        elif not word.startswith(option + "="):
+            out.append(word)
+    return out

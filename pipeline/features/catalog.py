@@ -1,0 +1,62 @@
+"""Checks over stores: does a store cover a dataset, and what lives under the shared root."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.core.errors import CapstackError
+from pipeline.captions.karpathy import load_karpathy
+from pipeline.features.stores import open_store
+
+
+def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
+    """Raise naming the first dataset image the store lacks; images skipped at
+    extraction (unreadable files) are counted, not fatal."""
+    store = open_store(store_path)
+    dataset = load_karpathy(dataset_json)
+    skipped = store.meta.get("skipped", {})
+    lacking = [im.image_id for im in dataset.images
+               if im.image_id not in store and str(im.image_id) not in skipped]
+    if lacking:
+        raise CapstackError(
+            f"{store.path}: lacks image {lacking[0]} of {dataset_json} ({len(lacking)} of "
+            f"{len(dataset.images)} images missing; was it extracted from another dataset?)")
+    n_skipped = sum(str(im.image_id) in skipped for im in dataset.images)
+    return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped}
+
+
+def _size_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _users(store: Path) -> list[str]:
+    try:
+        users = json.loads(store.with_name(store.name + ".users.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [u.get("stage") or u.get("pointer") or "a direct command" for u in users]
+
+
+def list_stores(root: Path) -> list[dict]:
+    rows = []
+    if not root.is_dir():
+        return rows
+    for path in sorted(root.iterdir()):
+        if path.suffix not in (".lmdb", ".h5", ".hdf5"):
+            continue
+        row = {"name": path.name, "size_mb": _size_bytes(path) / 2**20, "users": _users(path)}
+        try:
+            store = open_store(path)
+            row.update(kind=store.meta["kind"], count=len(store))
+            store.close()
+        except CapstackError as e:
+            row.update(kind="unreadable", count=0, users=[str(e)])
+        rows.append(row)
+    for path in sorted(root.glob("*.partial")):
+        rows.append({"name": path.name, "kind": "unfinished", "count": 0,
+                     "size_mb": _size_bytes(path) / 2**20, "users": _users(
+                         Path(str(path)[:-len(".partial")]))})
+    return rows

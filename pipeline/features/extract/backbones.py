@@ -1,0 +1,120 @@
+"""torchvision ResNets and their weights, from files the user has (never downloaded).
+
+Weights come from ``--weights PATH`` (a torchvision state_dict), else from
+torchvision's usual cache location (``$TORCH_HOME/hub/checkpoints``, where
+``torchvision.models.resnet101(weights=...)`` would have saved them), else the
+run stops with the exact file to put where. ``random`` must be asked for
+explicitly; it is seeded, so a resumed extraction computes the same features.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision.models import resnet
+from torchvision.models.resnet import BasicBlock, ResNet
+
+from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import md5_of_file
+
+RANDOM = "random"
+RANDOM_SEED = 0
+
+# name -> (constructor, torchvision ImageNet weights enums whose files we look for)
+_RESNETS = {
+    "resnet18": (resnet.resnet18, resnet.ResNet18_Weights),
+    "resnet34": (resnet.resnet34, resnet.ResNet34_Weights),
+    "resnet50": (resnet.resnet50, resnet.ResNet50_Weights),
+    "resnet101": (resnet.resnet101, resnet.ResNet101_Weights),
+    "resnet152": (resnet.resnet152, resnet.ResNet152_Weights),
+}
+
+
+def resnet10(num_classes: int = 1000) -> ResNet:
+    """A one-block-per-stage ResNet: the demo's small backbone (not an ImageNet model)."""
+    return ResNet(BasicBlock, [1, 1, 1, 1], num_classes=num_classes)
+
+
+BACKBONES = tuple(_RESNETS) + ("resnet10",)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What the metadata records about the weights used."""
+
+    path: str  # a file, or "random"
+    md5: str  # the file's md5, or "random-seed-<n>"
+
+
+def build_resnet(name: str, num_classes: int = 1000) -> ResNet:
+    if name == "resnet10":
+        return resnet10(num_classes)
+    if name not in _RESNETS:
+        raise CapstackError(f"unknown backbone {name!r} (choose {', '.join(BACKBONES)})")
+    return _RESNETS[name][0](weights=None, num_classes=num_classes)
+
+
+def cached_weight_files(name: str) -> list[Path]:
+    """Where torchvision would have saved ImageNet weights for ``name``, newest first."""
+    if name not in _RESNETS:
+        return []
+    hub = Path(torch.hub.get_dir()) / "checkpoints"
+    enum = _RESNETS[name][1]
+    return [hub / os.path.basename(w.url) for w in reversed(list(enum))]
+
+
+def resolve_weights(name: str, weights: str | None) -> Weights:
+    """The weights file to load for backbone ``name`` (or random), with its hash."""
+    if weights == RANDOM:
+        return Weights(RANDOM, f"random-seed-{RANDOM_SEED}")
+    if weights:
+        path = Path(weights).expanduser().resolve()
+        if not path.is_file():
+            raise CapstackError(f"{weights}: backbone weights not found")
+        return Weights(str(path), md5_of_file(path))
+    for path in cached_weight_files(name):
+        if path.is_file():
+            return Weights(str(path), md5_of_file(path))
+    expected = cached_weight_files(name)
+    where = (f"put torchvision's ImageNet state_dict at {expected[-1]} (or {expected[0]})"
+             if expected else "train it and pass its state_dict")
+    raise CapstackError(f"no weights for {name}: {where}, or pass --weights PATH; "
+                        f"--weights random gives meaningless random features")
+
+
+def load_resnet(name: str, weights: Weights) -> ResNet:
+    """The ResNet with ``weights`` loaded (``fc`` may be absent or of another size)."""
+    if weights.path == RANDOM:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_SEED)
+            return build_resnet(name)
+    try:
+        state = torch.load(weights.path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        raise CapstackError(f"{weights.path}: cannot read weights ({type(e).__name__}: {e})") \
+            from None
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    fc = state.get("fc.weight") if isinstance(state, dict) else None
+    model = build_resnet(name, num_classes=fc.shape[0] if fc is not None else 1000)
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith("fc.")]
+    if missing or result.unexpected_keys:
+        bad = (missing or result.unexpected_keys)[:3]
+        raise CapstackError(f"{weights.path}: not a {name} state_dict "
+                            f"({'missing' if missing else 'unexpected'} keys {', '.join(bad)}...)")
+    return model
+
+
+def resnet_body(model: ResNet) -> nn.Sequential:
+    """conv1 ... layer4: the convolutional trunk, without pooling and classifier."""
+    return nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool,
+                         model.layer1, model.layer2, model.layer3, model.layer4)
+
+
+def feature_channels(model: ResNet) -> int:
+    return model.fc.in_features

@@ -1,0 +1,192 @@
+"""One extraction from settings to a complete, shared, named store.
+
+A store's name is ``<kind>-<backbone>-<fingerprint>`` under the shared root
+(``--features-root``, else ``$CAPSTACK_FEATURES``, else
+``~/.cache/capstack/features``), unless ``--out`` names it. When a complete
+store with that fingerprint exists, extraction is skipped and the store is
+reused. ``--pointer FILE`` writes a small json naming the store, which is what
+a stage declares as its out (the store itself is shared, outside any workdir).
+Each store keeps beside it ``<name>.users.json``: the pointers and stages that
+used it, for ``capstack stores``. Under torchrun each process extracts a shard
+and rank 0 merges them into the one store (pipeline/features/extract/shards.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pipeline
+from pipeline.core.atomic import atomic_file
+from pipeline.core.ranks import Ranks, join
+from pipeline.core.errors import CapstackError
+from pipeline.features.extract.runner import BatchModel, run_extraction
+from pipeline.features.extract.shards import check_shards_fit, merge_shards, shard_items, shard_path
+from pipeline.features.fingerprint import fingerprint, images_digest
+from pipeline.core.hashing import HashCache
+from pipeline.captions.karpathy import load_karpathy
+from pipeline.core.runlock import exclusive_run
+from pipeline.features.stores.pointer import write_pointer
+from pipeline.features.stores import create_writer, open_store, store_format
+
+SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+
+
+def features_root(explicit: str | Path | None = None) -> Path:
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get("CAPSTACK_FEATURES")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "capstack" / "features"
+
+
+@dataclass
+class ExtractionJob:
+    kind: str  # grid | regions
+    backbone: str
+    dataset_json: Path
+    image_root: Path
+    settings: dict  # everything else that determines the features (fingerprinted)
+    describe: dict  # metadata that does not change the features (layer text, weights path)
+    dtype: str = "float16"
+    out: Path | None = None
+    root: Path | None = None
+    format: str | None = None
+
+
+@dataclass
+class JobResult:
+    store: Path
+    fingerprint: str
+    reused: bool
+    extracted: int = 0
+    skipped: int = 0
+    seconds: float = 0.0  # extracting (the slowest process's, when sharded)
+    shards: int = 0  # processes whose shards were merged into the store (0: one process)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.extracted / self.seconds if self.seconds else 0.0
+
+
+def run_job(job: ExtractionJob, make_model: Callable[[], BatchModel], transform, *,
+            batch_size: int, workers: int, pointer: Path | None = None,
+            progress: bool = True, pin_memory: bool = False) -> JobResult:
+    """Extract (or reuse) the job's store; under torchrun, every process calls this.
+
+    The processes only wait for each other and exchange small objects, so they
+    talk over gloo even when they extract on GPUs.
+    """
+    with join("cpu") as ranks:
+        return _run_job(job, make_model, transform, batch_size, workers, pointer,
+                        progress and ranks.main, pin_memory, ranks)
+
+
+def _run_job(job, make_model, transform, batch_size, workers, pointer, progress, pin_memory,
+             ranks: Ranks) -> JobResult:
+    dataset = load_karpathy(job.dataset_json)
+    root = features_root(job.root)
+    images = None
+    if ranks.main:  # one process reads (and caches) the image hashes
+        with HashCache(root / ".hashes.sqlite") as hashes:
+            images = images_digest(dataset, job.image_root, hashes)
+    images = ranks.broadcast(images)
+    settings = {"kind": job.kind, "backbone": job.backbone, "dtype": job.dtype,
+                "images": images, **job.settings}
+    fp = fingerprint(settings)
+    path = _store_path(job, root, fp)
+    meta = {"kind": job.kind, "backbone": job.backbone, "dtype": job.dtype, "fingerprint": fp,
+            "capstack_version": pipeline.__version__,
+            "dataset": str(Path(job.dataset_json).resolve()),
+            "image_root": str(Path(job.image_root).resolve()), "settings": settings,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **job.settings, **job.describe}
+    if path.exists():
+        result = JobResult(_check_reusable(path, fp), fp, reused=True)
+    elif ranks.distributed:
+        result = _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size,
+                                  workers, progress, pin_memory, ranks)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
+            items = [(im.image_id, job.image_root / im.relpath) for im in dataset.images]
+            result = _extract(job, items, path, meta, make_model, transform, batch_size,
+                              workers, progress, pin_memory)
+    if ranks.main:
+        _record_user(path, pointer)
+        if pointer:
+            write_pointer(pointer, path, fp, job.kind)
+    return result
+
+
+def _store_path(job: ExtractionJob, root: Path, fp: str) -> Path:
+    if job.out:
+        store_format(job.out, job.format)  # refuse an unknown suffix before any work
+        return Path(job.out)
+    fmt = job.format or "lmdb"
+    store_format(f"x{SUFFIX.get(fmt, '')}", fmt)
+    return root / f"{job.kind}-{job.backbone}-{fp}{SUFFIX[fmt]}"
+
+
+def _check_reusable(path: Path, fp: str) -> Path:
+    store = open_store(path)
+    if store.meta["fingerprint"] != fp:
+        raise CapstackError(f"{path}: holds other features (fingerprint "
+                            f"{store.meta['fingerprint']}, these settings give {fp}); delete it "
+                            f"or choose another --out")
+    store.close()
+    return path
+
+
+def _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size, workers,
+                     progress, pin_memory, ranks: Ranks) -> JobResult:
+    """This rank's shard, then (rank 0) the merge; every rank returns the merged store."""
+    items = [(im.image_id, job.image_root / im.relpath) for im in dataset.images]
+    shard = shard_path(path, ranks.rank, ranks.world)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_shards_fit(path, ranks.world)
+    ranks.barrier()  # no rank starts a shard before every rank has checked
+    mine = JobResult(shard, meta["fingerprint"], reused=True)
+    with exclusive_run(shard.with_name(shard.name + ".lock"), f"extraction into {shard}"):
+        if not shard.exists():
+            shard_meta = {**meta, "shard": f"{ranks.rank} of {ranks.world}"}
+            mine = _extract(job, shard_items(items, ranks.rank, ranks.world), shard, shard_meta,
+                            make_model, transform, batch_size, workers, progress, pin_memory)
+    reports = ranks.gather((mine.extracted, mine.skipped, mine.seconds))
+    if ranks.main:
+        with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
+            merge_shards(path, meta, [i for i, _ in items], ranks.world, job.format, progress)
+    ranks.barrier()  # the store is complete before any rank returns it
+    return JobResult(path, meta["fingerprint"], reused=False,
+                     extracted=sum(r[0] for r in reports), skipped=sum(r[1] for r in reports),
+                     seconds=max(r[2] for r in reports), shards=ranks.world)
+
+
+def _extract(job, items, path, meta, make_model, transform, batch_size, workers, progress,
+             pin_memory) -> JobResult:
+    writer = create_writer(path, meta, job.format)
+    try:
+        model = make_model() if any(i not in writer.done for i, _ in items) else None
+        report = run_extraction(items, writer, model, transform, batch_size=batch_size,
+                                workers=workers, progress=progress, pin_memory=pin_memory)
+        writer.finish()
+    finally:
+        writer.close()
+    return JobResult(path, meta["fingerprint"], reused=False, extracted=report.extracted,
+                     skipped=len(writer.skipped), seconds=report.seconds)
+
+
+def _record_user(store: Path, pointer: Path | None) -> None:
+    users_file = store.with_name(store.name + ".users.json")
+    try:
+        users = json.loads(users_file.read_text())
+    except (OSError, ValueError):
+        users = []
+    entry = {"stage": os.environ.get("CAPSTACK_STAGE", ""),
+             "pointer": str(Path(pointer).resolve()) if pointer else ""}
+    if entry not in users:
+        users.append(entry)
+        with atomic_file(users_file) as tmp:
+            tmp.write_text(json.dumps(users, indent=1))

@@ -1,0 +1,50 @@
+"""Feature stores: one interface, two backends, chosen by the path's suffix or ``format``.
+
+``.lmdb`` (a folder) -> LMDB, the default; ``.h5`` / ``.hdf5`` -> HDF5.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.core.errors import CapstackError
+from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter, partial_path
+
+FORMATS = {"lmdb": (".lmdb",), "hdf5": (".h5", ".hdf5")}
+
+
+def store_format(path: str | Path, format: str | None = None) -> str:
+    """``lmdb`` or ``hdf5``: ``format`` when given, else from the suffix; never guessed."""
+    if format is not None:
+        if format not in FORMATS:
+            raise CapstackError(f"{path}: unknown store format {format!r} "
+                                f"(choose {', '.join(FORMATS)})")
+        return format
+    suffix = Path(path).suffix.lower()
+    for name, suffixes in FORMATS.items():
+        if suffix in suffixes:
+            return name
+    raise CapstackError(f"{path}: cannot tell the store format from the suffix {suffix!r}; "
+                        f"name it .lmdb or .h5, or pass --format lmdb|hdf5")
+
+
+def open_store(path: str | Path, format: str | None = None) -> StoreReader:
+    """A reader of the complete store at ``path``."""
+    if store_format(path, format) == "lmdb":
+        from pipeline.features.stores.lmdb import LmdbReader
+        return LmdbReader(path)
+    from pipeline.features.stores.hdf5 import Hdf5Reader
+    return Hdf5Reader(path)
+
+
+def create_writer(path: str | Path, meta: dict, format: str | None = None) -> StoreWriter:
+    """A writer of ``path`` (through ``path.partial``; resumes one left by a killed run)."""
+    if store_format(path, format) == "lmdb":
+        from pipeline.features.stores.lmdb import LmdbWriter
+        return LmdbWriter(path, meta)
+    from pipeline.features.stores.hdf5 import Hdf5Writer
+    return Hdf5Writer(path, meta)
+
+
+__all__ = ["Batch", "Record", "StoreReader", "StoreWriter", "create_writer", "open_store",
+           "partial_path", "store_format"]

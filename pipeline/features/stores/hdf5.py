@@ -1,0 +1,194 @@
+"""HDF5 feature store: records as row ranges of shared, growable datasets.
+
+Layout of the file (ending in ``.h5``):
+
+* ``features`` [rows, D] (the store's dtype), ``boxes`` [rows, 4] float32,
+  ``scores`` [rows] float32, ``classes`` [rows] int32 (regions only);
+* per record: ``image_ids`` int64, ``row_start`` int64, ``row_count`` int32,
+  ``hw`` [., 2] int32 (height, width);
+* ``skipped_ids`` int64 and ``skipped_reasons`` (strings);
+* attributes ``meta`` (JSON), ``committed_records``, ``committed_rows``,
+  ``committed_skipped``.
+
+HDF5 files are not crash-safe, so each commit appends, flushes, and only then
+advances the ``committed_*`` counters; a writer resuming after a kill
+truncates the datasets back to them. A file too damaged to open is started
+again (its records are redone, never trusted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import numpy as np
+
+from pipeline.core.errors import CapstackError
+from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
+
+_STR = h5py.string_dtype()
+
+
+class Hdf5Writer(StoreWriter):
+    def __init__(self, path, meta):
+        super().__init__(path, meta)
+        self.restarted = False
+        self._file = None
+        if self.partial.exists():
+            try:
+                self._file = h5py.File(self.partial, "a")
+            except OSError:
+                self.partial.unlink()  # damaged by the kill: redo its records
+                self.restarted = True
+        if self._file is None:
+            self._create()
+        else:
+            self._resume()
+
+    def _create(self) -> None:
+        f = self._file = h5py.File(self.partial, "w")
+        d = self.meta["feature_dim"]
+        f.create_dataset("features", (0, d), self.meta["dtype"], maxshape=(None, d),
+                         chunks=(64, d))
+        if self.meta["kind"] == "regions":
+            f.create_dataset("boxes", (0, 4), np.float32, maxshape=(None, 4), chunks=(1024, 4))
+            f.create_dataset("scores", (0,), np.float32, maxshape=(None,), chunks=(4096,))
+            f.create_dataset("classes", (0,), np.int32, maxshape=(None,), chunks=(4096,))
+        for name, dtype in (("image_ids", np.int64), ("row_start", np.int64),
+                            ("row_count", np.int32), ("skipped_ids", np.int64),
+                            ("skipped_reasons", _STR)):
+            f.create_dataset(name, (0,), dtype, maxshape=(None,), chunks=(4096,))
+        f.create_dataset("hw", (0, 2), np.int32, maxshape=(None, 2), chunks=(4096, 2))
+        f.attrs["meta"] = json.dumps(self.meta)
+        self._set_committed(0, 0, 0)
+
+    def _set_committed(self, records: int, rows: int, skipped: int) -> None:
+        self._file.flush()
+        self._file.attrs.update({"committed_records": records, "committed_rows": rows,
+                                 "committed_skipped": skipped})
+        self._file.flush()
+
+    def _counts(self) -> tuple[int, int, int]:
+        a = self._file.attrs
+        return int(a["committed_records"]), int(a["committed_rows"]), int(a["committed_skipped"])
+
+    def _resume(self) -> None:
+        f = self._file
+        old = json.loads(f.attrs.get("meta", "{}"))
+        if old.get("fingerprint") != self.meta["fingerprint"]:
+            self.close()
+            raise CapstackError(f"{self.partial}: an unfinished store made with other settings "
+                                f"(fingerprint {old.get('fingerprint')}) is in the way; delete it")
+        records, rows, skipped = self._counts()
+        for name in ("image_ids", "row_start", "row_count", "hw"):
+            f[name].resize(records, axis=0)
+        for name in ("features", "boxes", "scores", "classes"):
+            if name in f:
+                f[name].resize(rows, axis=0)
+        for name in ("skipped_ids", "skipped_reasons"):
+            f[name].resize(skipped, axis=0)
+        self.done.update(int(i) for i in f["image_ids"][:])
+        for i, reason in zip(f["skipped_ids"][:], f["skipped_reasons"].asstr()[:]):
+            self.done.add(int(i))
+            self.skipped[int(i)] = reason
+
+    @staticmethod
+    def _append(dataset, values) -> None:
+        n = dataset.shape[0]
+        dataset.resize(n + len(values), axis=0)
+        dataset[n:] = values
+
+    def _commit(self, records, skipped) -> None:
+        f = self._file
+        n_records, n_rows, n_skipped = self._counts()
+        if records:
+            counts = np.array([r.num for _, r in records], np.int32)
+            starts = n_rows + np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            self._append(f["features"], np.concatenate([r.features for _, r in records]))
+            if self.meta["kind"] == "regions":
+                self._append(f["boxes"], np.concatenate([r.boxes for _, r in records]))
+                self._append(f["scores"], np.concatenate([r.scores for _, r in records]))
+                self._append(f["classes"], np.concatenate([r.classes for _, r in records]))
+            self._append(f["image_ids"], np.array([i for i, _ in records], np.int64))
+            self._append(f["row_start"], starts)
+            self._append(f["row_count"], counts)
+            self._append(f["hw"], np.array([(r.height, r.width) for _, r in records], np.int32))
+            n_records += len(records)
+            n_rows += int(counts.sum())
+        if skipped:
+            self._append(f["skipped_ids"], np.array([i for i, _ in skipped], np.int64))
+            self._append(f["skipped_reasons"], np.array([r for _, r in skipped], dtype=object))
+            n_skipped += len(skipped)
+        self._set_committed(n_records, n_rows, n_skipped)
+
+    def _write_final_meta(self) -> None:
+        self._file.attrs["meta"] = json.dumps(self.meta)
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Hdf5Reader(StoreReader):
+    _handle_file = None
+    _handle_pid = None
+
+    def _open(self) -> h5py.File:
+        if self._handle_file is None or self._handle_pid != os.getpid():
+            try:
+                self._handle_file = h5py.File(self.path, "r")
+            except OSError as e:
+                raise CapstackError(f"{self.path}: cannot open HDF5 store ({e})") from None
+            self._handle_pid = os.getpid()
+        return self._handle_file
+
+    def _raw_meta(self):
+        return self._open().attrs.get("meta")
+
+    def _read_ids(self) -> np.ndarray:
+        f = self._open()
+        self._row_start = f["row_start"][:]
+        self._row_count = f["row_count"][:]
+        self._hw = f["hw"][:]
+        return f["image_ids"][:]
+
+    def _get(self, image_id: int) -> Record:
+        f = self._open()
+        k = self._index[image_id]
+        start, n = int(self._row_start[k]), int(self._row_count[k])
+        record = Record(f["features"][start:start + n], int(self._hw[k, 0]), int(self._hw[k, 1]))
+        if self.kind == "regions":
+            record.boxes = f["boxes"][start:start + n]
+            record.scores = f["scores"][start:start + n]
+            record.classes = f["classes"][start:start + n]
+        return record
+
+    def read_batch(self, image_ids, max_rows=None, allocate=np.empty) -> Batch:
+        """Each record read straight into the batch array (``read_direct``, no temporaries)."""
+        f = self._open()
+        ks = [self._index[int(i)] for i in image_ids]
+        counts = self._row_count[ks].astype(np.int64)
+        rows = int(counts.max()) if ks else 0
+        rows = min(rows, max_rows) if max_rows else rows
+        features = allocate((len(ks), rows, self.feature_dim), self.dtype)
+        boxes = np.zeros((len(ks), rows, 4), np.float32) if self.kind == "regions" else None
+        dataset = f["features"]
+        for j, k in enumerate(ks):
+            m = int(min(counts[j], rows))
+            start = int(self._row_start[k])
+            if m:
+                dataset.read_direct(features, np.s_[start:start + m], np.s_[j, :m])
+                if boxes is not None:
+                    f["boxes"].read_direct(boxes, np.s_[start:start + m], np.s_[j, :m])
+            if m < rows:
+                features[j, m:] = 0
+        mask = np.arange(rows)[None, :] < np.minimum(counts, rows)[:, None]
+        return Batch(features, mask, self._hw[ks].astype(np.int32), boxes)
+
+    def close(self) -> None:
+        if self._handle_file is not None and self._handle_pid == os.getpid():
+            self._handle_file.close()
+        self._handle_file = None

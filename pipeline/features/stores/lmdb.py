@@ -1,0 +1,204 @@
+"""LMDB feature store (the default): one key per image, read without locks.
+
+Layout of the environment (a folder ending in ``.lmdb``):
+
+* ``r:<image id>`` -> header ``<iiii`` (N, D, height, width), then ``features``
+  (N x D, the store's dtype) and, for regions, ``boxes`` (N x 4 float32),
+  ``scores`` (N float32), ``classes`` (N int32);
+* ``s:<image id>`` -> the reason the image was skipped;
+* ``__meta__`` -> the metadata JSON; ``__ids__`` -> the record ids (int64),
+  written by ``finish``.
+
+py-lmdb refuses to open an environment twice in one process, and a child made
+by ``fork`` inherits its parent's open environments. Readers therefore share
+one read-only environment per path and process (:func:`shared_env`), opened
+lazily; a forked child first closes the copies it inherited (closing them
+there touches only the child's own mappings) before opening its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import lmdb
+import numpy as np
+
+from pipeline.core.errors import CapstackError
+from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
+
+_HEADER = struct.Struct("<iiii")
+_META, _IDS = b"__meta__", b"__ids__"
+_MAP_SIZE = 1 << 40  # address space only; the file grows with the data
+
+
+def _record_key(image_id: int) -> bytes:
+    return b"r:%d" % image_id
+
+
+def _skip_key(image_id: int) -> bytes:
+    return b"s:%d" % image_id
+
+
+def encode_record(record: Record, kind: str) -> bytes:
+    n, d = record.features.shape
+    parts = [_HEADER.pack(n, d, record.height, record.width), record.features.tobytes()]
+    if kind == "regions":
+        parts += [record.boxes.tobytes(), record.scores.tobytes(), record.classes.tobytes()]
+    return b"".join(parts)
+
+
+def decode_record(buf, kind: str, dtype: np.dtype) -> Record:
+    n, d, height, width = _HEADER.unpack_from(buf, 0)
+    offset = _HEADER.size
+    features = np.frombuffer(buf, dtype=dtype, count=n * d, offset=offset).reshape(n, d)
+    record = Record(features.copy(), height, width)
+    if kind == "regions":
+        offset += n * d * dtype.itemsize
+        record.boxes = np.frombuffer(buf, np.float32, n * 4, offset).reshape(n, 4).copy()
+        offset += n * 16
+        record.scores = np.frombuffer(buf, np.float32, n, offset).copy()
+        offset += n * 4
+        record.classes = np.frombuffer(buf, np.int32, n, offset).copy()
+    return record
+
+
+class LmdbWriter(StoreWriter):
+    def __init__(self, path, meta):
+        super().__init__(path, meta)
+        resuming = self.partial.exists()
+        self._env = lmdb.open(str(self.partial), map_size=_MAP_SIZE, subdir=True)
+        if resuming:
+            self._resume()
+        else:
+            with self._env.begin(write=True) as txn:
+                txn.put(_META, json.dumps(self.meta).encode())
+
+    def _resume(self) -> None:
+        with self._env.begin() as txn:
+            old = json.loads(bytes(txn.get(_META) or b"{}"))
+            if old.get("fingerprint") != self.meta["fingerprint"]:
+                self.close()
+                raise CapstackError(
+                    f"{self.partial}: an unfinished store made with other settings "
+                    f"(fingerprint {old.get('fingerprint')}) is in the way; delete it")
+            for key, value in txn.cursor():
+                if key.startswith(b"r:"):
+                    self.done.add(int(key[2:]))
+                elif key.startswith(b"s:"):
+                    self.done.add(int(key[2:]))
+                    self.skipped[int(key[2:])] = bytes(value).decode()
+
+    def _commit(self, records, skipped) -> None:
+        kind = self.meta["kind"]
+        with self._env.begin(write=True) as txn:
+            for image_id, record in records:
+                txn.put(_record_key(image_id), encode_record(record, kind))
+            for image_id, reason in skipped:
+                txn.put(_skip_key(image_id), reason.encode())
+
+    def _write_final_meta(self) -> None:
+        ids = np.array(sorted(self.done - set(self.skipped)), dtype=np.int64)
+        with self._env.begin(write=True) as txn:
+            txn.put(_META, json.dumps(self.meta).encode())
+            txn.put(_IDS, ids.tobytes())
+        self._env.sync(True)
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+class _EnvCache:
+    """Read-only environments of this process, by path (py-lmdb allows one each)."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.envs: dict[str, lmdb.Environment] = {}
+
+    def get(self, path: str) -> lmdb.Environment:
+        if self.pid != os.getpid():  # a forked child: drop what the parent had open
+            for env in self.envs.values():
+                env.close()
+            self.envs, self.pid = {}, os.getpid()
+        env = self.envs.get(path)
+        if env is None:
+            env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True,
+                            max_readers=4096)
+            self.envs[path] = env
+        return env
+
+    def release(self, path: str) -> None:
+        env = self.envs.pop(path, None) if self.pid == os.getpid() else None
+        if env is not None:
+            env.close()
+
+
+_ENVS = _EnvCache()
+
+
+def shared_env(path) -> lmdb.Environment:
+    return _ENVS.get(os.path.realpath(path))
+
+
+class LmdbReader(StoreReader):
+    def _open(self) -> lmdb.Environment:
+        try:
+            return shared_env(self.path)
+        except lmdb.Error as e:
+            raise CapstackError(f"{self.path}: cannot open LMDB store ({e})") from None
+
+    def _raw_meta(self):
+        with self._open().begin(buffers=False) as txn:
+            return txn.get(_META)
+
+    def _read_ids(self) -> np.ndarray:
+        with self._open().begin() as txn:
+            raw = txn.get(_IDS)
+        if raw is None:
+            raise CapstackError(f"{self.path}: store has no record index (unfinished?)")
+        return np.frombuffer(raw, dtype=np.int64).copy()
+
+    def _get(self, image_id: int) -> Record:
+        with self._open().begin(buffers=True) as txn:
+            buf = txn.get(_record_key(image_id))
+            if buf is None:
+                raise CapstackError(f"{self.path}: record of image {image_id} is missing")
+            return decode_record(buf, self.kind, self.dtype)
+
+    def read_batch(self, image_ids, max_rows=None, allocate=np.empty) -> Batch:
+        """One read transaction; each record copied once, straight into the batch array.
+
+        ``allocate(shape, dtype)`` makes the batch's feature array: a DataLoader
+        worker passes one in shared memory so the batch crosses to the trainer
+        without another copy.
+        """
+        d, dtype, regions = self.feature_dim, self.dtype, self.kind == "regions"
+        unpack, head = _HEADER.unpack_from, _HEADER.size
+        with self._open().begin(buffers=True) as txn:
+            bufs = [txn.get(_record_key(int(i))) for i in image_ids]
+            if any(b is None for b in bufs):
+                missing = next(i for i, b in zip(image_ids, bufs) if b is None)
+                raise KeyError(f"{self.path}: no record for image {missing}")
+            heads = [unpack(b, 0) for b in bufs]
+            rows = max((h[0] for h in heads), default=0)
+            rows = min(rows, max_rows) if max_rows else rows
+            features = allocate((len(bufs), rows, d), dtype)
+            flat = features.reshape(len(bufs), rows * d)  # a view: no per-record reshape
+            counts = np.minimum([h[0] for h in heads], rows)
+            boxes = np.zeros((len(bufs), rows, 4), np.float32) if regions else None
+            for k, (buf, m) in enumerate(zip(bufs, counts.tolist())):
+                flat[k, :m * d] = np.frombuffer(buf, dtype, m * d, head)
+                if m < rows:
+                    flat[k, m * d:] = 0
+                if regions:
+                    boxes[k, :m] = np.frombuffer(buf, np.float32, m * 4, head + heads[k][0] * d
+                                                 * dtype.itemsize).reshape(m, 4)
+            mask = np.arange(rows)[None, :] < counts[:, None]
+            hw = np.array([(h[2], h[3]) for h in heads], np.int32).reshape(-1, 2)
+            return Batch(features, mask, hw, boxes)
+
+    def close(self) -> None:
+        _ENVS.release(os.path.realpath(self.path))

@@ -1,0 +1,59 @@
+"""Captions for a list of images from cached features: greedy or beam search, batched."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from pipeline.captions.vocab import Vocabulary
+from trainer.data import EvalBatch
+from trainer.decode import beam_search, greedy
+from trainer.decoders.base import Decoder
+
+
+@dataclass
+class Prediction:
+    image_id: int
+    words: list[str]
+    logprob: float
+    alphas: np.ndarray | None  # [len(words) + 1, L]: one row per word, then <eos>
+    boxes: np.ndarray | None  # [L, 4] for region stores
+
+
+@torch.no_grad()
+def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], device: torch.device,
+            *, beam_size: int = 1, max_len: int = 16, autocast=nullcontext) -> list[Prediction]:
+    """Beam search (``beam_size`` > 1) or greedy decoding of every image of ``batches``."""
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for batch in batches:
+            batch = batch.to(device)
+            with autocast():
+                ctx = model.encode(batch.feats, batch.mask)
+                decoded = (beam_search(model, ctx, beam_size, max_len) if beam_size > 1
+                           else greedy(model, ctx, max_len))
+            out += _predictions(vocab, batch, decoded)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _predictions(vocab: Vocabulary, batch: EvalBatch, decoded) -> list[Prediction]:
+    tokens = decoded.tokens.cpu().numpy()
+    scores = decoded.scores.cpu().numpy()
+    alphas = decoded.alphas.float().cpu().numpy() if decoded.alphas is not None else None
+    preds = []
+    for k, image_id in enumerate(batch.image_ids):
+        words = vocab.decode(tokens[k])
+        valid = int(batch.mask[k].sum())
+        preds.append(Prediction(
+            image_id, words, float(scores[k]),
+            alphas[k, :len(words) + 1, :valid] if alphas is not None else None,
+            batch.boxes[k, :valid].numpy() if batch.boxes is not None else None))
+    return preds

@@ -1,0 +1,162 @@
+"""The papers' comparison table: one row per approach, metrics in percent.
+
+Each row says how its model was trained (``Training``: XE, SCST or C2F, from
+the ``objective`` evaluate records). Rows of both kinds make two blocks, as in
+Stack-Cap's Tables 1 and 2: cross-entropy first, then reinforcement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.core.atomic import atomic_file
+from pipeline.core.errors import CapstackError, where
+from trainer.evaluation.metrics import ALL_METRICS
+
+COLUMNS = ["Approach", "Training", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr",
+           "SPICE"]
+NA = "n/a"
+METRIC_COLUMNS = COLUMNS[2:]
+TRAINING = {"xe": "XE", "scst": "SCST", "c2f": "C2F"}  # train.objective -> the Training column
+BLOCKS = [("Cross-entropy training", ("XE",)),
+          ("Reinforcement with CIDEr-D rewards (SCST; C2F for Stack-Cap)", ("SCST", "C2F")),
+          ("Training not recorded", ("",))]
+
+# table column -> metric name in score()'s "metrics" dict
+_METRIC_OF = dict(zip(METRIC_COLUMNS, ALL_METRICS))
+
+
+def _percent(value: Any) -> float | str:
+    """0.362 -> 36.2 (papers report every metric, CIDEr included, x100); None/NaN -> "n/a"."""
+    if value is None or not math.isfinite(float(value)):
+        return NA
+    return round(float(value) * 100, 1)
+
+
+def metrics_table(rows: list[tuple]) -> pd.DataFrame:
+    """One row per (approach, score()["metrics"][, training]); columns exactly COLUMNS.
+
+    Rows are ordered block by block (XE, then RL), in the given order within a block.
+    """
+    records = [[approach, training[0] if training else ""]
+               + [_percent(metrics.get(_METRIC_OF[c])) for c in METRIC_COLUMNS]
+               for approach, metrics, *training in rows]
+    order = {kind: k for k, (_, kinds) in enumerate(BLOCKS) for kind in kinds}
+    records.sort(key=lambda r: order.get(r[1], len(BLOCKS)))
+    return pd.DataFrame(records, columns=COLUMNS, dtype=object)
+
+
+def training_of(doc: dict) -> str:
+    """XE, SCST or C2F from a metrics.json's ``objective`` ("" when it has none)."""
+    return TRAINING.get(doc.get("objective") or "", str(doc.get("objective") or ""))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _read_metrics_doc(path: str | Path) -> dict:
+    """The whole metrics.json written by evaluate, checked."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CapstackError(f"{where(path)}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise CapstackError(f"{where(path)}: not valid JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CapstackError(f"{where(path)}: cannot read: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CapstackError(f"{where(path)}: expected a JSON object")
+    if not isinstance(doc.get("approach"), str) or not doc["approach"]:
+        raise CapstackError(f"{where(path, 'approach')}: missing or not a non-empty string")
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, dict):
+        raise CapstackError(f"{where(path, 'metrics')}: missing or not an object")
+    for name, value in metrics.items():
+        if value is not None and not _is_number(value):
+            raise CapstackError(f"{where(path, f'metrics.{name}')}: must be a number or null, "
+                                f"got {value!r}")
+    unavailable = doc.get("unavailable", {})
+    if not isinstance(unavailable, dict) or not all(
+            isinstance(v, str) for v in unavailable.values()):
+        raise CapstackError(f"{where(path, 'unavailable')}: must map metric names to reasons")
+    return doc
+
+
+def load_metrics_file(path: str | Path) -> tuple[str, dict]:
+    """(approach, its "metrics" dict) from an evaluate metrics.json; ready for metrics_table."""
+    doc = _read_metrics_doc(path)
+    return doc["approach"], doc["metrics"]
+
+
+def _unavailable_lines(docs: list[dict]) -> list[str]:
+    """One line per metric missing in any run, reasons deduplicated, in ALL_METRICS order."""
+    reasons: dict[str, list[str]] = {}
+    for doc in docs:
+        for name in ALL_METRICS:
+            if doc["metrics"].get(name) is None or name in doc.get("unavailable", {}):
+                reason = doc.get("unavailable", {}).get(name, "no value recorded")
+                if reason not in reasons.setdefault(name, []):
+                    reasons[name].append(reason)
+    return [f"{name}: {NA} — {'; '.join(reasons[name])}"
+            for name in ALL_METRICS if name in reasons]
+
+
+def _kept_start_lines(docs: list[dict]) -> list[str]:
+    """RL rows whose best checkpoint is still the XE one they started from (epoch 0), said."""
+    return [f"{d['approach']} ({training_of(d)}): no RL epoch beat its XE start on validation "
+            f"CIDEr; the row is that start checkpoint"
+            for d in docs if training_of(d) in ("SCST", "C2F") and d.get("epoch") == 0]
+
+
+def _cell(value: Any) -> str:
+    text = f"{value:.1f}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_rows(table: pd.DataFrame) -> list[str]:
+    lines = ["| " + " | ".join(table.columns) + " |",
+             "|" + "---|" * len(table.columns)]
+    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |"
+                    for row in table.itertuples(index=False)]
+
+
+def markdown(table: pd.DataFrame, notes: list[str]) -> str:
+    """Markdown tables (header, |---| row, rows), one per block when rows of several blocks
+    are present, each under its bold title; then one note line per unavailable metric."""
+    blocks = [(title, table[table["Training"].isin(kinds)]) for title, kinds in BLOCKS]
+    blocks = [(title, rows) for title, rows in blocks if len(rows)]
+    known = {kind for _, kinds in BLOCKS for kind in kinds}
+    if any(value not in known for value in table["Training"]):
+        blocks.append(("Other training", table[~table["Training"].isin(known)]))
+    if len(blocks) == 1:
+        lines = _markdown_rows(table)
+    else:
+        lines = []
+        for title, rows in blocks:
+            lines += ([""] if lines else []) + [f"**{title}**", ""] + _markdown_rows(rows)
+    if notes:
+        lines += [""] + notes
+    return "\n".join(lines) + "\n"
+
+
+def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
+    """Write out_dir/metrics.csv and out_dir/metrics.md (atomically) from metrics.json files."""
+    if not metric_files:
+        raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
+    docs = [_read_metrics_doc(p) for p in metric_files]
+    table = metrics_table([(d["approach"], d["metrics"], training_of(d)) for d in docs])
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"
+    with atomic_file(csv_path) as tmp:
+        table.to_csv(tmp, index=False)
+    with atomic_file(md_path) as tmp:
+        Path(tmp).write_text(markdown(table, _unavailable_lines(docs) + _kept_start_lines(docs)),
+                             encoding="utf-8")
+    return csv_path, md_path

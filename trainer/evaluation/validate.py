@@ -1,0 +1,39 @@
+"""Validation during training: greedy captions of the val split, scored by CIDEr-D.
+
+Tokenized in Python (``simple_tokenize``) so that an epoch's validation never
+waits for a Java start-up; the evaluation stage scores with the PTB tokenizer.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from pipeline.core.ranks import Ranks
+from trainer.data import Captions, Features, batches_of
+from trainer.decoders.base import Decoder
+from trainer.evaluation.metrics import cider, load_references, simple_tokenize
+from trainer.evaluation.predict import predict
+
+VAL_BATCH = 100
+
+
+def validate(model: Decoder, captions: Captions, features: Features, device: torch.device, *,
+             max_len: int = 16, limit: int = 0, split: str = "val", autocast=nullcontext,
+             ranks: Ranks = Ranks()) -> float:
+    """Greedy CIDEr-D of the split's first ``limit`` images (all when 0).
+
+    Under DDP each rank decodes its part of the images and every rank scores
+    the gathered captions, so all ranks agree on the value (and the best epoch).
+    """
+    ids = captions.image_ids[captions.rows(split)].tolist()
+    ids = ids[:limit] if limit else ids
+    mine = ids[ranks.share(len(ids))]
+    preds = predict(model, captions.vocab, batches_of(features, mine, VAL_BATCH), device,
+                    beam_size=1, max_len=max_len, autocast=autocast)
+    references = load_references(captions.references_path(split))
+    candidates = {image_id: caption for part in ranks.gather(
+        {p.image_id: " ".join(p.words) for p in preds}) for image_id, caption in part.items()}
+    refs = {i: [simple_tokenize(r) for r in references[i]] for i in candidates}
+    return cider(candidates, refs)

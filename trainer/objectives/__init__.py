@@ -1,0 +1,1 @@
+"""Training objectives: what a step minimises (cross-entropy, SCST, coarse-to-fine)."""
