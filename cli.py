@@ -231,15 +231,27 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
 
 
 # -- trainer ---------------------------------------------------------------------------
-@main.command("decoders")
-def decoders_cmd():
-    """The registered decoders: name, then what it is."""
-    from trainer.decoders import summaries
-
-    rows = summaries()
+def _echo_summaries(registry) -> None:
+    rows = registry.summaries()
     width = max(len(name) for name, _ in rows)
     for name, summary in rows:
         click.echo(f"{name:<{width}}  {summary}")
+
+
+@main.command("decoders")
+def decoders_cmd():
+    """The registered decoders: name, then what it is."""
+    from trainer.decoders import DECODERS
+
+    _echo_summaries(DECODERS)
+
+
+@main.command("objectives")
+def objectives_cmd():
+    """The registered training objectives: name, then what it is."""
+    from trainer.objectives import OBJECTIVES
+
+    _echo_summaries(OBJECTIVES)
 
 
 @stage_command("train", code="trainer.train")
@@ -285,23 +297,26 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
               help="Score TARGET as a COCO results file against these references.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where results, metrics.json and figures go [RUN/eval].")
-@click.option("--split", default="test", show_default=True)
-@click.option("--beam", "beam_size", default=5, show_default=True)
-@click.option("--max-len", default=16, show_default=True)
-@click.option("--figures", default=4, show_default=True, help="Attention figures of the first N images.")
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default=None,
+              help="[the experiment's eval.split]")
+@click.option("--beam", "beam_size", type=int, default=None,
+              help="Beam size [the experiment's eval.beam_size].")
+@click.option("--max-len", type=int, default=None, help="[the experiment's eval.max_len]")
+@click.option("--figures", type=int, default=None,
+              help="Attention figures of the first N images [the experiment's eval.figures].")
 @click.option("--device", default="auto", show_default=True)
 def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, device):
-    """Beam-search a checkpoint (or run folder) on a split and score it; or score RESULTS --refs REFS."""
-    from trainer.evaluation.evaluate import check_split, evaluate_checkpoint
+    """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
+    eval: section says unless options override it; or score RESULTS --refs REFS."""
+    from trainer.evaluation.evaluate import evaluate_checkpoint
     from trainer.evaluation.metrics import score_files
 
     if refs is not None:
         scores = score_files(target, refs)
     else:
         out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
-        scores = evaluate_checkpoint(target, out_dir, split=check_split(split),
-                                     beam_size=beam_size, max_len=max_len, figures=figures,
-                                     device=device)
+        scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
+                                     max_len=max_len, figures=figures, device=device)
     _echo_scores(scores)
     if out_dir:
         click.echo(f"-> {out_dir}/metrics.json")
@@ -341,13 +356,13 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
         click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
 
 
-@stage_command("cider-cache", code="trainer.rewards.cider")
+@stage_command("cider-cache", code="trainer.cider_cache")
 @click.argument("prepared", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--split", default="train", show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
 def cider_cache_cmd(prepared, split, out):
     """Document frequencies and reference n-grams of a split, once, for CIDEr-D rewards."""
-    from trainer.rewards.cider import build_cache
+    from trainer.cider_cache import build_cache
 
     scorer = build_cache(prepared, split, out)
     click.echo(f"cider-cache: {len(scorer.image_ids)} images, {len(scorer.ref_lengths)} "

@@ -57,7 +57,7 @@ def prepare_training(folder: Path, steps: int) -> Path:
     from pipeline.captions.prepare import prepare_captions
     from pipeline.demo.shapes import write_shapes_dataset
     from pipeline.features.stores import Record, create_writer
-    from trainer.data import load_captions
+    from pipeline.captions.prepared import load_captions
 
     write_shapes_dataset(folder / "shapes", n_train=BATCH * steps, n_val=10, n_test=2, seed=0,
                          size=32)
@@ -75,8 +75,8 @@ def prepare_training(folder: Path, steps: int) -> Path:
         writer.finish()
     exp = folder / "top_down.yaml"
     exp.write_text(yaml.safe_dump({
-        "name": "top_down", "decoder": "top_down",
-        "decoder_config": {"embed": HIDDEN, "hidden": HIDDEN, "att_hidden": HIDDEN},
+        "name": "top_down",
+        "decoder": {"name": "top_down", "embed": HIDDEN, "hidden": HIDDEN, "att_hidden": HIDDEN},
         "data": {"captions": str(folder / "prepared"), "features": [str(folder / "regions.lmdb")]},
         "train": {"epochs": 1, "batch_size": BATCH, "log_every": 1, "val_images": 10}}))
     return exp
@@ -105,9 +105,10 @@ def allreduce_probe() -> None:
     import torch.distributed as dist
 
     from trainer.decoders import build_decoder
+    from trainer.decoders.top_down import TopDownConfig
 
     dist.init_process_group("gloo")
-    model = build_decoder("top_down", {"embed": HIDDEN, "hidden": HIDDEN, "att_hidden": HIDDEN},
+    model = build_decoder("top_down", TopDownConfig(embed=HIDDEN, hidden=HIDDEN, att_hidden=HIDDEN),
                           60, 2048)
     grads = torch.zeros(sum(p.numel() for p in model.parameters()))
     times = []

@@ -24,7 +24,11 @@ import torch  # noqa: E402
 
 from trainer.decoders import build_decoder  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
-from trainer.objectives.scst import SelfCritical  # noqa: E402
+from trainer.decoders.top_down import TopDownConfig  # noqa: E402
+from trainer.data import TrainBatch  # noqa: E402
+from trainer.objectives import Setting, StepKey  # noqa: E402
+from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
+from trainer.objectives.share import whole_batch  # noqa: E402
 
 VOCAB = 9487
 
@@ -52,18 +56,21 @@ def main() -> None:
     rng = np.random.default_rng(0)
     scorer = synthetic_scorer(50, rng)
     torch.manual_seed(0)
-    model = build_decoder("top_down", {"hidden": 512, "embed": 512, "att_hidden": 512},
+    model = build_decoder("top_down", TopDownConfig(hidden=512, embed=512, att_hidden=512),
                           VOCAB, 2048).to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=5e-5)
     feats = torch.randn(50, 36, 2048, device=device).abs()
     mask = torch.ones(50, 36, dtype=torch.bool, device=device)
-    rl = SelfCritical(scorer, samples=5, baseline="greedy", max_len=16)
+    rl = SelfCritical(SelfCriticalConfig(cider_cache="", samples=5, baseline="greedy"),
+                      Setting(captions=None, max_len=16, device=device), scorer=scorer)
+    batch = TrainBatch(list(range(50)), feats, mask, torch.zeros(250, 18, dtype=torch.long),
+                       whole_batch(tokens=250 * 17, captions=250, images=50), seq_per_img=5)
     print(f"device: {device} ({torch.get_num_threads()} threads); top_down hidden 512, vocab {VOCAB}, "
           f"36x2048 regions, 50 images x 5 samples + 50 greedy, max length 16")
     rows = []
     for step in range(args.steps + 1):
         started = time.perf_counter()
-        loss, stats = rl.loss(model, feats, mask, list(range(50)))
+        loss, stats = rl.loss(model, batch, StepKey(0, 0, step))
         backward_started = time.perf_counter()
         opt.zero_grad()
         loss.backward()

@@ -28,14 +28,17 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from pipeline.features.stores import Record, create_writer  # noqa: E402
-from trainer.data import Captions, Features, TrainBatches  # noqa: E402
+from pipeline.captions.prepared import Captions  # noqa: E402
+from trainer.data import Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
-from trainer.decoders import build_decoder  # noqa: E402
-from trainer.train import xe_loss  # noqa: E402
+from trainer.decoders import DECODERS, build_decoder  # noqa: E402
+from trainer.objectives import Setting, StepKey  # noqa: E402
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
 from pipeline.captions.vocab import Vocabulary  # noqa: E402
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
+COCO_SIZE = {"hidden": 512, "embed": 512, "att_hidden": 512}  # a decoder of the papers' size
 
 
 def synthetic_captions(n_images: int, rng) -> Captions:
@@ -67,6 +70,7 @@ def synthetic_store(path: Path, n_images: int, rows: int, dim: int, kind: str, r
 def step_time(model, batches, device, steps: int, reuse_batch: bool, amp: bool) -> float:
     """Seconds per optimiser step, the first (warm-up) step excluded."""
     opt = torch.optim.Adam(model.parameters(), lr=4e-4)
+    xe = CrossEntropy(CrossEntropyConfig(), Setting(captions=None, max_len=CAPTION_LEN))
     cast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext()
     it = batches.epoch(0)
     fixed = next(it).to(device)
@@ -74,10 +78,8 @@ def step_time(model, batches, device, steps: int, reuse_batch: bool, amp: bool) 
     for _ in range(steps + 1):
         started = time.perf_counter()
         batch = fixed if reuse_batch else next(it).to(device)
-        captions = batch.captions
         with cast:
-            out = model(batch.feats, batch.mask, captions, 5)
-        loss = xe_loss(out.logits, captions[:, 1:])
+            loss, _ = xe.loss(model, batch, StepKey(0, 0, 0))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -105,13 +107,14 @@ def beam_rates(model, feats, mask, batch: int) -> tuple[float, float]:
 def beam_setups(images: int, device):
     """(label, model, feats, mask): a random COCO-size top_down, and the demo's trained decoders."""
     torch.manual_seed(0)
-    model = build_decoder("top_down", {"hidden": 512, "embed": 512, "att_hidden": 512}, VOCAB,
+    model = build_decoder("top_down", DECODERS.get("top_down").Config(**COCO_SIZE), VOCAB,
                           2048).to(device)
     feats = torch.randn(images, 36, 2048, device=device).abs()
     yield ("top_down, random, COCO size (hidden 512, 36x2048, vocab 9487)", model, feats,
            torch.ones(images, 36, dtype=torch.bool, device=device))
     from trainer.checkpoint import load_checkpoint
-    from trainer.data import Features, load_captions
+    from pipeline.captions.prepared import load_captions
+    from trainer.data import Features
     from trainer.evaluation.evaluate import load_model
 
     for name in ("show_tell", "soft_attention", "top_down"):
@@ -119,7 +122,7 @@ def beam_setups(images: int, device):
         if not run.is_file():
             continue  # `make demo` first
         ckpt = load_checkpoint(run)
-        model, _ = load_model(ckpt)
+        model, _, _ = load_model(ckpt)
         data = ckpt["experiment"]["data"]
         captions = load_captions(data["captions"])
         ids = captions.image_ids[captions.rows("test")][:images].tolist()
@@ -150,7 +153,7 @@ def main() -> None:
                                    batch_size=batch_size, seq_per_img=5, seed=0)
             for amp in amps:
                 torch.manual_seed(0)
-                model = build_decoder(name, {"hidden": 512, "embed": 512, "att_hidden": 512},
+                model = build_decoder(name, DECODERS.get(name).Config(**COCO_SIZE),
                                       VOCAB, 2048).to(device)
                 incl = step_time(model, batches, device, args.steps, reuse_batch=False, amp=amp)
                 excl = step_time(model, batches, device, args.steps, reuse_batch=True, amp=amp)

@@ -10,8 +10,8 @@ import pytest
 from pipeline.core.errors import CapstackError
 from trainer.objectives.c2f import c2f_advantages
 from trainer.config import load_experiment
-from trainer.data import load_captions
-from trainer.rewards.cider import build_cache
+from pipeline.captions.prepared import load_captions
+from trainer.cider_cache import build_cache
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
@@ -41,9 +41,9 @@ def stack_run(tmp_path_factory):
 
 def test_c2f_run_logs_every_stage_reward(stack_run, tmp_path):
     root, exp, _, _ = stack_run
-    config = load_experiment(exp, ["train.objective=c2f", f"train.init_from={root / 'xe' / 'best.pt'}",
-                                   f"train.cider_cache={root / 'cider.npz'}", "train.lr=5e-5",
-                                   "train.epochs=1", "train.scst_samples=2"])
+    config = load_experiment(exp, ["objective.name=c2f", f"train.init_from={root / 'xe' / 'best.pt'}",
+                                   f"objective.cider_cache={root / 'cider.npz'}", "train.lr=5e-5",
+                                   "train.epochs=1", "objective.samples=2"])
     train(config, tmp_path / "c2f", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "c2f" / "metrics.jsonl").read_text().splitlines()]
     step = [x for x in lines if x["kind"] == "train"][-1]
@@ -51,13 +51,14 @@ def test_c2f_run_logs_every_stage_reward(stack_run, tmp_path):
 
 
 def test_c2f_needs_a_coarse_to_fine_decoder(stack_run, tmp_path):
-    root, _, store, prepared = stack_run
-    exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
-                           features=[store], epochs=1)
-    with pytest.raises(CapstackError, match="c2f needs a coarse-to-fine decoder"):
-        train(load_experiment(exp, ["train.objective=c2f",
-                                    f"train.cider_cache={root / 'cider.npz'}"]),
-              tmp_path / "run", progress=False)
+    """Said when the experiment file is read: before a store, a cache or a model is opened
+    (here none of them exists)."""
+    exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=tmp_path / "none",
+                           features=[tmp_path / "none.lmdb"], epochs=1)
+    with pytest.raises(CapstackError, match=r"td.yaml: objective.name: c2f needs a staged "
+                                            r"\(coarse-to-fine\) decoder \(stack_cap, "
+                                            r"stack_cap_star\); decoder.name is top_down"):
+        load_experiment(exp, ["objective.name=c2f", f"objective.cider_cache={tmp_path / 'no.npz'}"])
 
 
 def test_evaluation_draws_every_stage_like_figure_3(stack_run, tmp_path):

@@ -88,7 +88,7 @@ def test_cache_round_trip_and_errors(tmp_path):
 
 
 def test_cache_stage_command_builds_from_the_prepared_split(tmp_path, capstack):
-    from trainer.data import load_captions
+    from pipeline.captions.prepared import load_captions
     from trainer.evaluation.metrics import load_references, simple_tokenize
     from trainer_fixtures import make_prepared
 
@@ -98,7 +98,7 @@ def test_cache_stage_command_builds_from_the_prepared_split(tmp_path, capstack):
     assert "12 images" in result.output
     scorer = CiderD.load(out)
     captions = load_captions(prepared)
-    assert scorer.vocab_digest() == captions.vocab_digest()
+    assert scorer.vocab_digest() == captions.vocab.digest()
     refs = load_references(prepared / "refs_train.json")
     image = sorted(refs)[0]
     words = simple_tokenize(refs[image][0]).split()

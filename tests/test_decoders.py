@@ -10,12 +10,13 @@ import torch
 
 from pipeline.core.errors import CapstackError
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
-from trainer.data import caption_tensor, load_captions
+from pipeline.captions.prepared import load_captions
+from trainer.data import caption_tensor
 from trainer.decode import beam_search, greedy, sample
-from trainer.decoders import DECODERS, build_decoder, summaries
+from trainer.decoders import DECODERS
 from trainer.decoders.base import Decoder
-from trainer.train import xe_loss
-from trainer_fixtures import make_prepared, tiny_decoder_config
+from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_xe, teacher_forced,
+                             tiny_decoder_config)
 
 NAMES = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down",
          "stack_cap", "stack_cap_star"]
@@ -38,7 +39,7 @@ def handful(tmp_path_factory):
 
 def test_registry_lists_every_decoder_with_a_summary():
     assert sorted(DECODERS) == sorted(NAMES)
-    assert all(summary for _, summary in summaries())
+    assert all(summary for _, summary in DECODERS.summaries())
     with pytest.raises(CapstackError, match="unknown decoder 'nope'.*top_down"):
         DECODERS.get("nope")
     with pytest.raises(CapstackError, match="registered twice"):
@@ -47,30 +48,30 @@ def test_registry_lists_every_decoder_with_a_summary():
 
 def test_decoder_config_is_strict():
     with pytest.raises(CapstackError, match="unknown key 'hiden'"):
-        build_decoder("top_down", {"hiden": 3}, 10, 4)
+        make_decoder("top_down", {"hiden": 3}, 10, 4)
     with pytest.raises(CapstackError, match="hidden: expected int"):
-        build_decoder("top_down", {"hidden": "big"}, 10, 4)
+        make_decoder("top_down", {"hidden": "big"}, 10, 4)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_decoder_overfits_a_handful_of_captions(handful, name):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    model = build_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0}, vocab_size, 16)
+    model = make_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0}, vocab_size, 16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     targets = captions[:, 1:]
     for _ in range(400):  # stops as soon as the captions are learnt
-        out = model(feats, mask, captions)
-        loss = xe_loss(out.logits, targets)
+        out = teacher_forced(model, feats, mask, captions)
+        loss = mean_xe(out.logits, targets)
         if loss.item() < 0.01:
             break
-        total = loss + model.regularizer(out, targets, targets != 0, mask)
+        total = loss + decoder_terms(model, out, targets, mask)
         opt.zero_grad()
         total.backward()
         opt.step()
     model.eval()
     with torch.no_grad():
-        final = xe_loss(model(feats, mask, captions).logits, targets).item()
+        final = mean_xe(teacher_forced(model, feats, mask, captions).logits, targets).item()
         decoded = greedy(model, model.encode(feats, mask), captions.shape[1])
     assert final < 0.05, final
     expected = [row[1:].tolist() for row in captions]
@@ -81,8 +82,8 @@ def test_each_decoder_overfits_a_handful_of_captions(handful, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_attention_rows_are_distributions_over_valid_locations(handful, name):
     feats, mask, captions, vocab_size = handful
-    model = build_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
-    out = model(feats, mask, captions)
+    model = make_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
+    out = teacher_forced(model, feats, mask, captions)
     assert out.logits.shape == (len(captions), captions.shape[1] - 1, vocab_size)
     if not model.has_attention:
         assert out.alphas is None
@@ -96,7 +97,7 @@ def test_attention_rows_are_distributions_over_valid_locations(handful, name):
 def test_beam_of_one_equals_greedy(handful, name):
     feats, mask, _, vocab_size = handful
     torch.manual_seed(1)
-    model = build_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
+    model = make_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
     with torch.no_grad():
         ctx = model.encode(feats, mask)
         g, b = greedy(model, ctx, 8), beam_search(model, ctx, 1, 8)
@@ -159,7 +160,7 @@ def test_beam_search_finds_the_best_sequence_of_an_enumerable_model(seed):
 
 def test_sampling_is_seeded_and_temperature_sharpens(handful):
     feats, mask, _, vocab_size = handful
-    model = build_decoder("top_down", tiny_decoder_config("top_down"), vocab_size, 16).eval()
+    model = make_decoder("top_down", tiny_decoder_config("top_down"), vocab_size, 16).eval()
     with torch.no_grad():
         ctx = model.encode(feats, mask)
         torch.manual_seed(5)
@@ -174,7 +175,7 @@ def test_sampling_is_seeded_and_temperature_sharpens(handful):
 
 def test_sampled_logprobs_carry_gradients(handful):
     feats, mask, _, vocab_size = handful
-    model = build_decoder("soft_attention", tiny_decoder_config("soft_attention"), vocab_size, 16)
+    model = make_decoder("soft_attention", tiny_decoder_config("soft_attention"), vocab_size, 16)
     out = sample(model, model.encode(feats, mask), 5)
     out.scores.sum().backward()
     assert model.word_embed.weight.grad is not None
@@ -183,30 +184,36 @@ def test_sampled_logprobs_carry_gradients(handful):
 def test_hard_attention_baseline_follows_the_moving_average(handful):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    model = build_decoder("hard_attention", tiny_decoder_config("hard_attention"), vocab_size, 16)
+    model = make_decoder("hard_attention", tiny_decoder_config("hard_attention"), vocab_size, 16)
     targets = captions[:, 1:]
-    out = model(feats, mask, captions)
+    out = teacher_forced(model, feats, mask, captions)
     assert set(out.extras) == {"location_logp", "entropy"}
     token_logp = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), targets,
                                                     reduction="none")
     logp = (token_logp * (targets != 0)).sum(1).mean().item()
-    model.regularizer(out, targets, targets != 0, mask)
+    terms = model.loss_terms(out, targets, targets != 0, mask)
+    model.loss_terms(out, targets, targets != 0, mask)
+    assert float(model.baseline) == 0  # computing the loss (twice) moves nothing
+    assert terms.observed["sentence_logp"].item() == pytest.approx(logp * len(targets), rel=1e-4)
+    model.update({"sentence_logp": terms.observed["sentence_logp"] / len(targets)})
     assert float(model.baseline) == pytest.approx(0.1 * logp, rel=1e-4)  # b_1 = 0.9*0 + 0.1 log p
+    model.update({"sentence_logp": terms.observed["sentence_logp"] / len(targets)})
+    assert float(model.baseline) == pytest.approx(0.19 * logp, rel=1e-4)  # b_2 = 0.9 b_1 + 0.1 log p
     model.eval()
-    assert model(feats, mask, captions).extras == {}  # the expected context at test time
+    assert teacher_forced(model, feats, mask, captions).extras == {}  # the expected context at test time
 
 
 def test_doubly_stochastic_penalty_matches_the_formula(handful):
     feats, mask, captions, vocab_size = handful
-    model = build_decoder("soft_attention", {**tiny_decoder_config("soft_attention"),
+    model = make_decoder("soft_attention", {**tiny_decoder_config("soft_attention"),
                                               "doubly_stochastic": 0.5}, vocab_size, 16)
     targets = captions[:, 1:]
-    out = model(feats, mask, captions)
+    out = teacher_forced(model, feats, mask, captions)
     alphas, steps = out.alphas.detach().numpy(), (targets != 0).numpy()
     expected = np.mean([0.5 * sum((1 - alphas[n, steps[n], i].sum()) ** 2
                                   for i in range(4) if mask[n, i])
                         for n in range(len(captions))])
-    got = model.regularizer(out, targets, targets != 0, mask).item()
+    got = model.loss_terms(out, targets, targets != 0, mask).per_caption.item() / len(captions)
     assert got == pytest.approx(expected, rel=1e-4)
 
 
@@ -214,13 +221,13 @@ def test_doubly_stochastic_penalty_matches_the_formula(handful):
 def test_stack_cap_loss_is_the_sum_of_its_stages(handful, name):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    model = build_decoder(name, {**tiny_decoder_config(name), "fine_stages": 2}, vocab_size, 16)
+    model = make_decoder(name, {**tiny_decoder_config(name), "fine_stages": 2}, vocab_size, 16)
     model.eval()
     targets = captions[:, 1:]
-    out = model(feats, mask, captions)
+    out = teacher_forced(model, feats, mask, captions)
     assert out.extras["stage_logits"].shape[0] == 3 and out.extras["stage_alphas"].shape[0] == 2
-    total = xe_loss(out.logits, targets) + model.regularizer(out, targets, targets != 0, mask)
-    per_stage = [xe_loss(logits, targets) for logits in out.extras["stage_logits"]]
+    total = mean_xe(out.logits, targets) + decoder_terms(model, out, targets, mask)
+    per_stage = [mean_xe(logits, targets) for logits in out.extras["stage_logits"]]
     assert total.item() == pytest.approx(sum(p.item() for p in per_stage), rel=1e-6)
     # each stage decodes its own caption; the default head is the last stage
     with torch.no_grad():
@@ -235,11 +242,11 @@ def test_stack_cap_loss_is_the_sum_of_its_stages(handful, name):
 def test_stack_cap_stacking_changes_only_the_attention_query(handful):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    stacked = build_decoder("stack_cap", tiny_decoder_config("stack_cap"), vocab_size, 16).eval()
-    star = build_decoder("stack_cap_star", tiny_decoder_config("stack_cap_star"), vocab_size, 16)
+    stacked = make_decoder("stack_cap", tiny_decoder_config("stack_cap"), vocab_size, 16).eval()
+    star = make_decoder("stack_cap_star", tiny_decoder_config("stack_cap_star"), vocab_size, 16)
     star.load_state_dict(stacked.state_dict())  # the same parameters
     star.eval()
-    a, b = stacked(feats, mask, captions), star(feats, mask, captions)
+    a, b = teacher_forced(stacked, feats, mask, captions), teacher_forced(star, feats, mask, captions)
     sa, sb = a.extras["stage_logits"], b.extras["stage_logits"]
     # at the first step the coarse stage and the first fine stage agree (alpha^0 = 0 in both);
     # the second fine stage attends with h^1 + g^1 (eq 8) against h^1 alone
@@ -252,7 +259,7 @@ def test_feature_embedding_feeds_the_lstms_embedded_features(handful, name):
     """feature_embed: the LSTMs and attention read ReLU(W v) of that size, and it still learns."""
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    model = build_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0, "feature_embed": 8},
+    model = make_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0, "feature_embed": 8},
                           vocab_size, 16)
     first_lstm = model.attention_lstm if name == "top_down" else model.coarse
     assert model.feature_embed[0].in_features == 16
@@ -262,7 +269,7 @@ def test_feature_embedding_feeds_the_lstms_embedded_features(handful, name):
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     targets = captions[:, 1:]
     for _ in range(400):
-        loss = xe_loss(model(feats, mask, captions).logits, targets)
+        loss = mean_xe(teacher_forced(model, feats, mask, captions).logits, targets)
         if loss.item() < 0.05:
             break
         opt.zero_grad()
@@ -304,9 +311,9 @@ class _FixedDistribution(Decoder):
 def test_show_tell_trains_on_a_batch_of_one_image():
     """im2txt's batch norm: one image (an epoch's last batch, or a DDP rank's part) is
     normalised with the running statistics instead of failing."""
-    model = build_decoder("show_tell", tiny_decoder_config("show_tell"), 12, 8).train()
+    model = make_decoder("show_tell", tiny_decoder_config("show_tell"), 12, 8).train()
     feats, mask = torch.randn(1, 3, 8), torch.ones(1, 3, dtype=torch.bool)
     captions = torch.tensor([[BOS_ID, 5, 6, EOS_ID]])
-    loss = xe_loss(model(feats, mask, captions).logits, captions[:, 1:])
+    loss = mean_xe(teacher_forced(model, feats, mask, captions).logits, captions[:, 1:])
     loss.backward()
     assert torch.isfinite(loss) and model.image_embed[0].weight.grad is not None

@@ -27,8 +27,8 @@ from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
 from trainer.config import load_experiment
-from trainer.data import load_captions
-from trainer.rewards.cider import build_cache
+from pipeline.captions.prepared import load_captions
+from trainer.cider_cache import build_cache
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
@@ -118,8 +118,8 @@ def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, o
     root, _ = data
     exp = experiment_without_dropout(root, decoder, tmp_path)
     train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "xe", progress=False)
-    rl = [f"train.objective={objective}", f"train.init_from={tmp_path / 'xe' / 'best.pt'}",
-          f"train.cider_cache={root / 'cider.npz'}", "train.epochs=1", "train.scst_samples=3",
+    rl = [f"objective.name={objective}", f"train.init_from={tmp_path / 'xe' / 'best.pt'}",
+          f"objective.cider_cache={root / 'cider.npz'}", "train.epochs=1", "objective.samples=3",
           "train.lr=1e-3"]
     train(load_experiment(exp, rl), tmp_path / "one", progress=False)
     sets = [word for item in rl for word in ("--set", item)]

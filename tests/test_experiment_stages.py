@@ -46,7 +46,7 @@ def test_changing_a_decoder_setting_reruns_only_that_training(tmp_path):
     first = capstack(work, "demo")
     assert "demo: 3 stage(s) ran" in first and "train soft:" in first
     config = yaml.safe_load((work / "soft.yaml").read_text())
-    config["decoder_config"]["hidden"] = 24
+    config["decoder"]["hidden"] = 24
     (work / "soft.yaml").write_text(yaml.safe_dump(config))
     lines = dict(line.split(None, 1) for line in capstack(work, "stages").strip().splitlines())
     assert lines == {"extract_grid": "up to date", "train-soft": "stale: dep soft.yaml changed",
@@ -54,7 +54,7 @@ def test_changing_a_decoder_setting_reruns_only_that_training(tmp_path):
     again = capstack(work, "run", "train-soft")
     assert "Running stage 'train-soft'" in again and "extract-grid" not in again
     ckpt_hidden = json.loads((work / "runs" / "soft" / "config.json").read_text())
-    assert ckpt_hidden["decoder_config"]["hidden"] == 24
+    assert ckpt_hidden["decoder"]["hidden"] == 24
     assert (work / "runs" / "soft.old" / "last.pt").is_file()  # the earlier run, moved aside
     final = capstack(work, "demo")
     assert "demo: 0 stage(s) ran, 3 up to date." in final

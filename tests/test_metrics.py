@@ -293,24 +293,32 @@ def test_write_report(tmp_path):
 
 
 def test_report_has_an_xe_block_and_an_rl_block(tmp_path):
-    files = [_write(tmp_path / f"{name}.json", {"approach": approach, "objective": objective,
+    """One block per objective family that evaluate recorded (cross-entropy first, then
+    reinforcement, then any other family), rows in their given order within a block."""
+    families = {"XE": "cross-entropy", "SCST": "reinforcement", "C2F": "reinforcement",
+                "GAN": "adversarial"}
+    files = [_write(tmp_path / f"{name}.json", {"approach": approach, "objective": label.lower(),
+                                                "training": label, "family": families[label],
                                                 "epoch": 0 if name == "a" else 3,
                                                 "metrics": dict(SCORED, CIDEr=cider)})
-             for name, approach, objective, cider in [
-                 ("a", "top_down", "scst", 1.1), ("b", "top_down", "xe", 1.1),
-                 ("c", "stack_cap", "c2f", 1.3), ("d", "stack_cap", "xe", 1.15)]]
+             for name, approach, label, cider in [
+                 ("a", "top_down", "SCST", 1.1), ("e", "hacap", "GAN", 1.2),
+                 ("b", "top_down", "XE", 1.1), ("c", "stack_cap", "C2F", 1.3),
+                 ("d", "stack_cap", "XE", 1.15)]]
     csv_path, md_path = R.write_report(files, tmp_path / "out")
     frame = pd.read_csv(csv_path)
-    assert list(frame["Training"]) == ["XE", "XE", "SCST", "C2F"]  # XE block first, order kept
-    assert list(frame["CIDEr"]) == [110.0, 115.0, 110.0, 130.0]
+    assert list(frame["Training"]) == ["XE", "XE", "SCST", "C2F", "GAN"]  # XE block first, order kept
+    assert list(frame["CIDEr"]) == [110.0, 115.0, 110.0, 130.0, 120.0]
     text = md_path.read_text()
-    xe, rl = text.split("**Reinforcement with CIDEr-D rewards (SCST; C2F for Stack-Cap)**")
+    xe, rest = text.split("**Reinforcement with CIDEr-D rewards (SCST, C2F)**")
+    rl, other = rest.split("**Adversarial training**")
     assert xe.startswith("**Cross-entropy training**")
     assert "| top_down | XE |" in xe and "| stack_cap | XE |" in xe and "SCST" not in xe
     assert "| top_down | SCST |" in rl and "| stack_cap | C2F |" in rl and "| XE |" not in rl
-    # an RL run whose best is still its start says so
-    assert ("top_down (SCST): no RL epoch beat its XE start on validation CIDEr; the row is "
-            "that start checkpoint") in rl and "stack_cap (C2F): no RL" not in rl
+    assert "| hacap | GAN |" in other and "| XE |" not in other
+    # a run whose best is still the checkpoint it started from says so
+    assert ("top_down (SCST): no epoch beat the checkpoint it started from on validation CIDEr; "
+            "the row is that start checkpoint") in other and "stack_cap (C2F): no" not in text
 
 
 def test_load_metrics_file(tmp_path):

@@ -8,10 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
-from trainer.data import Features, TrainBatches, load_captions
+from pipeline.captions.prepared import load_captions
+from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import Run, train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
@@ -85,16 +87,18 @@ def test_training_writes_checkpoints_and_a_log(data, tmp_path):
     ckpt = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
     assert ckpt["vocab"]["itow"][:4] == ["<pad>", "<bos>", "<eos>", "<unk>"]
     assert ckpt["stores"][0]["fingerprint"] == "feedbeef" and ckpt["stores"][0]["meta"]["kind"] == "grid"
-    assert ckpt["identity"]["decoder_config"]["hidden"] == 32
+    assert ckpt["identity"]["decoder"]["hidden"] == 32
 
 
 @pytest.mark.parametrize("decoder", ["soft_attention", "hard_attention"])
 def test_resume_gives_the_same_next_losses(data, tmp_path, decoder):
     _, prepared, grid, _ = data
     path = write_experiment(tmp_path / "exp.yaml", decoder=decoder, captions=prepared,
-                            features=[grid], epochs=3, scheduled_sampling_start=1,
-                            scheduled_sampling_increase_every=1, scheduled_sampling_increase=0.5,
-                            scheduled_sampling_max=0.5)
+                            features=[grid], epochs=3,
+                            objective={"name": "xe", "scheduled_sampling_start": 1,
+                                       "scheduled_sampling_increase_every": 1,
+                                       "scheduled_sampling_increase": 0.5,
+                                       "scheduled_sampling_max": 0.5})
     whole = train(load_experiment(path), tmp_path / "whole", progress=False)
     train(load_experiment(path, ["train.epochs=1"]), tmp_path / "split", progress=False)
     resumed = train(load_experiment(path), tmp_path / "split", progress=False)
@@ -110,11 +114,11 @@ def test_resume_mid_epoch_from_a_step_checkpoint(data, tmp_path, monkeypatch):
     train(load_experiment(path), tmp_path / "whole", progress=False)
     real_step, calls = Run.train_step, []
 
-    def dies_at_step_3(self, batch, sample_prob):
+    def dies_at_step_3(self, batch):
         calls.append(1)
         if len(calls) == 3:  # after the step-2 checkpoint: a kill in the middle of epoch 0
             raise KeyboardInterrupt
-        return real_step(self, batch, sample_prob)
+        return real_step(self, batch)
 
     monkeypatch.setattr(Run, "train_step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
@@ -136,8 +140,8 @@ def test_checkpoint_refused_on_other_stores_or_config(data, tmp_path):
                                             r"'feedbeef', this run has 'c0ffee'"):
         train(load_experiment(path, [f"data.features=[{other}]", "train.epochs=2"]),
               tmp_path / "run", progress=False)
-    with pytest.raises(CapstackError, match="decoder_config.hidden: the checkpoint has 32"):
-        train(load_experiment(path, ["decoder_config.hidden=16", "train.epochs=2"]),
+    with pytest.raises(CapstackError, match="decoder.hidden: the checkpoint has 32"):
+        train(load_experiment(path, ["decoder.hidden=16", "train.epochs=2"]),
               tmp_path / "run", progress=False)
 
 
@@ -171,7 +175,11 @@ def test_training_refuses_stores_lacking_images(data, tmp_path):
     ("train.epochs=many", "train.epochs: expected int, got 'many'"),
     ("train.epoch=3", "unknown key 'epoch'"),
     ("data.seq_per_img=0", "seq_per_img: must be at least 1"),
-    ("eval.split=dev", "eval.split: expected train, val or test"),
+    ("eval.split=dev", "eval.split: expected one of train, val, test, got 'dev'"),
+    ("decoder.hiden=3", r"decoder.hiden: unknown key 'hiden' \(known: dropout, embed, hidden"),
+    ("decoder.name=nope", r"decoder.name: unknown decoder 'nope' \(choose gru_init,"),
+    ("objective.name=nope", r"objective.name: unknown objective 'nope' \(choose c2f, scst, xe"),
+    ("objective.scheduled_sampling_max=high", "objective.scheduled_sampling_max: expected float"),
 ])
 def test_experiment_file_errors_name_the_field(data, tmp_path, override, problem):
     _, prepared, grid, _ = data
@@ -225,11 +233,74 @@ def test_restart_on_change_moves_the_old_run_aside(data, tmp_path):
     path = write_experiment(tmp_path / "exp.yaml", decoder="gru_init", captions=prepared,
                             features=[grid], epochs=1)
     train(load_experiment(path), tmp_path / "run", progress=False)
-    changed = load_experiment(path, ["decoder_config.hidden=16"])
-    with pytest.raises(CapstackError, match="decoder_config.hidden"):
+    changed = load_experiment(path, ["decoder.hidden=16"])
+    with pytest.raises(CapstackError, match="decoder.hidden"):
         train(changed, tmp_path / "run", progress=False)
     result = train(changed, tmp_path / "run", progress=False, restart_on_change=True)
     assert result.resumed_at is None and result.epochs == 1
     old = torch.load(tmp_path / "run.old" / "last.pt", weights_only=True)
     new = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
-    assert (old["identity"]["decoder_config"]["hidden"], new["identity"]["decoder_config"]["hidden"]) == (32, 16)
+    assert (old["identity"]["decoder"]["hidden"], new["identity"]["decoder"]["hidden"]) == (32, 16)
+
+
+def test_an_old_form_experiment_is_refused_showing_its_new_form(data, tmp_path, capstack):
+    """The flat form (decoder: NAME, decoder_config, the objective's settings under train) is
+    refused by `capstack train`, naming the file and printing the same experiment in the new
+    form, which then loads as it is."""
+    _, prepared, grid, _ = data
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({
+        "name": "old", "decoder": "show_tell", "decoder_config": {"hidden": 32, "embed": 32},
+        "data": {"captions": str(prepared), "features": [str(grid)], "seq_per_img": 2},
+        "train": {"epochs": 1, "batch_size": 4, "objective": "scst", "scst_samples": 3,
+                  "scst_baseline": "mean", "cider_cache": "data/cider/train.npz"}},
+        sort_keys=False))
+    result = capstack("train", old, "--out", tmp_path / "run", expect_ok=False)
+    assert result.exit_code != 0 and not (tmp_path / "run").exists()
+    message = result.output
+    assert f"{old}: decoder_config, decoder, train.objective, train.cider_cache" in message
+    shown = message.split("Write it as:")[1]
+    assert "decoder: {name: show_tell, hidden: 32, embed: 32}" in shown
+    assert "objective: {name: scst, cider_cache: data/cider/train.npz, samples: 3, " \
+           "baseline: mean}" in shown
+    new = tmp_path / "new.yaml"
+    new.write_text(shown)
+    config = load_experiment(new)
+    assert (config.decoder.name, config.decoder.config.hidden) == ("show_tell", 32)
+    assert (config.objective.name, config.objective.config.samples,
+            config.objective.config.baseline) == ("scst", 3, "mean")
+    assert config.train.epochs == 1
+
+
+def test_old_form_overrides_are_refused_with_their_new_key(data, tmp_path):
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[grid])
+    with pytest.raises(CapstackError, match=r"--set train.objective=scst: train.objective is "
+                                            r"objective.name now"):
+        load_experiment(path, ["train.objective=scst"])
+    with pytest.raises(CapstackError, match=r"decoder_config.hidden is decoder.hidden now"):
+        load_experiment(path, ["decoder_config.hidden=8"])
+
+
+def test_another_objective_name_starts_its_section_afresh(data, tmp_path):
+    """--set objective.name=OTHER drops the settings of the objective it replaces (they would
+    not fit); the same name keeps them."""
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[grid], objective={"name": "xe", "scheduled_sampling_start": 2})
+    assert load_experiment(path).objective.config.scheduled_sampling_start == 2
+    same = load_experiment(path, ["objective.name=xe", "objective.scheduled_sampling_max=0.5"])
+    assert (same.objective.config.scheduled_sampling_start,
+            same.objective.config.scheduled_sampling_max) == (2, 0.5)
+    scst = load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
+                                  "objective.baseline=mean"])
+    assert scst.objective.name == "scst" and scst.objective.config.baseline == "mean"
+    assert scst.to_dict()["objective"] == {"name": "scst", "cider_cache": "c.npz", "samples": 5,
+                                           "baseline": "mean", "temperature": 1.0}
+    with pytest.raises(CapstackError, match="objective.baseline: expected one of greedy, mean"):
+        load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
+                               "objective.baseline=max"])
+    with pytest.raises(CapstackError, match=r"objective.baseline: 'mean' .* needs samples >= 2"):
+        load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
+                               "objective.baseline=mean", "objective.samples=1"])

@@ -62,13 +62,15 @@ def write_feature_store(path: Path, image_ids, *, kind="grid", rows=4, dim=16, s
 
 
 def write_experiment(path: Path, *, decoder: str, captions: Path, features: list[Path],
-                     epochs=2, batch_size=4, seq_per_img=2, **train) -> Path:
-    config = {"name": path.stem, "decoder": decoder, "decoder_config": tiny_decoder_config(decoder),
+                     epochs=2, batch_size=4, seq_per_img=2, objective: dict | None = None,
+                     **train) -> Path:
+    config = {"name": path.stem, "decoder": {"name": decoder, **tiny_decoder_config(decoder)},
+              **({"objective": objective} if objective else {}),
               "data": {"captions": str(captions), "features": [str(f) for f in features],
                        "seq_per_img": seq_per_img},
               "train": {"epochs": epochs, "batch_size": batch_size, "lr": 5e-3, **train},
               "eval": {"beam_size": 2}}
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
@@ -102,3 +104,32 @@ def write_object_store(path: Path, dataset_json: Path) -> Path:
         writer.write(records)
         writer.finish()
     return path
+
+
+def make_decoder(name: str, values: dict, vocab_size: int, feature_dim: int):
+    """A decoder built as an experiment file builds it: its config parsed strictly first."""
+    from trainer.config import component_from_dict
+    from trainer.decoders import DECODERS, build_decoder
+
+    spec = component_from_dict(DECODERS, {"name": name, **values}, "test", "decoder")
+    return build_decoder(spec.name, spec.config, vocab_size, feature_dim)
+
+
+def teacher_forced(model, feats, mask, captions, seq_per_img: int = 1):
+    """The decoder's teacher-forced output over captions [B*S, T+1] of images feats [B, L, D]."""
+    from trainer.decoders.base import expand_context
+
+    return model(expand_context(model.encode(feats, mask), seq_per_img), captions)
+
+
+def mean_xe(logits, targets):
+    """Cross-entropy per real target token of these captions."""
+    from trainer.objectives.cross_entropy import token_cross_entropy
+
+    return token_cross_entropy(logits, targets) / (targets != 0).sum()
+
+
+def decoder_terms(model, out, targets, loc_mask):
+    """The decoder's own loss terms divided by these captions' own counts (one process)."""
+    terms = model.loss_terms(out, targets, targets != 0, loc_mask)
+    return terms.per_token / (targets != 0).sum() + terms.per_caption / len(targets)

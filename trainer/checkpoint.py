@@ -2,9 +2,11 @@
 
 A checkpoint holds the experiment config, the decoder's name and config, the
 vocabulary and the metadata of the stores it was trained on, besides the
-weights and the optimiser/scheduler/RNG states that make a resume exact.
-Resuming or evaluating against stores, a vocabulary or a decoder config other
-than the checkpoint's is refused, naming the field and both values.
+weights and the optimiser, scheduler and objective states that make a resume
+exact. Resuming or evaluating against stores, a vocabulary or a decoder config
+other than the checkpoint's is refused, naming the field and both values.
+Checkpoints of the first format (flat experiment files) are read through
+:func:`upgrade`.
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.captions.vocab import digest_words
 
-FORMAT = "capstack-checkpoint-1"
+FORMAT = "capstack-checkpoint-2"
+FIRST_FORMAT = "capstack-checkpoint-1"  # flat experiment: decoder_config, train.objective
 
 
 def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: list[dict]) -> dict:
     """What must match between a checkpoint and the data it is used with."""
     return {
-        "decoder": decoder,
-        "decoder_config": decoder_config,
+        "decoder": {"name": decoder, **decoder_config},
         "vocab": {"size": len(vocab_itow),
                   "md5": digest_words(vocab_itow)},
-        "stores": [{"kind": s["kind"], "fingerprint": s["fingerprint"]} for s in stores],
+        "stores": [{"fingerprint": s["fingerprint"]} for s in stores],
     }
 
 
@@ -64,7 +66,22 @@ def load_checkpoint(path: str | Path) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # a truncated or foreign file: say which
         raise CapstackError(f"{path}: not a readable checkpoint ({error})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FIRST_FORMAT):
         raise CapstackError(f"{path}: not a capstack checkpoint (no {FORMAT!r} format tag)")
     payload["path"] = str(path)
+    return upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
+
+
+def upgrade(payload: dict) -> dict:
+    """A first-format checkpoint in today's form: the experiment's components, the identity's
+    decoder as one mapping, no objective state (no objective owned any then)."""
+    from trainer.config import new_form
+
+    old = payload["identity"]
+    payload["experiment"] = new_form(payload["experiment"])
+    payload["identity"] = {"decoder": {"name": old["decoder"], **old["decoder_config"]},
+                           "vocab": old["vocab"],
+                           "stores": [{"fingerprint": s["fingerprint"]} for s in old["stores"]]}
+    payload.setdefault("objective", {"modules": {}, "optimizers": {}, "extra": {}})
+    payload["format"] = FORMAT
     return payload

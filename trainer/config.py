@@ -1,16 +1,22 @@
 """Experiment configuration: yaml -> dataclasses, strictly (an unknown key or a wrong type is an error).
 
-An experiment file names a decoder and its parameters, the features and
-captions it reads, and how to train and evaluate it::
+An experiment file names its components, each a mapping whose ``name`` picks a
+registered class and whose other keys fill that class's own config dataclass::
 
     name: soft_attention
-    decoder: soft_attention
-    decoder_config: {hidden: 512, att_hidden: 512}
+    decoder: {name: soft_attention, hidden: 512, att_hidden: 512}
+    objective: {name: xe}                  # or {name: scst, samples: 5, baseline: mean, cider_cache: ...}
     data: {captions: data/prepared, features: [data/features/grid.json]}
     train: {epochs: 10, batch_size: 50, lr: 4.0e-4}
     eval: {beam_size: 5}
 
-``--set train.epochs=3`` overrides one value, type-checked like the file.
+Everything is checked when the file is read, before a store or a model is
+opened: types, choices, each component's own checks, and whether the objective
+can train the decoder. ``--set train.epochs=3`` or ``--set objective.baseline=mean``
+overrides one value. Another component's name starts its section afresh (the
+settings of the one it replaces would not fit): ``--set objective.name=scst
+--set objective.cider_cache=c.npz`` turns any experiment into SCST. Errors
+read ``FILE: section.key: problem``.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
 from pipeline.core.errors import CapstackError
+from trainer.decoders import DECODERS
+from trainer.objectives import OBJECTIVES
+
+SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -34,6 +45,12 @@ class DataConfig:
     bucket_by_length: bool = False  # Show-Attend-Tell: batches of similar caption length
     max_regions: int = 0  # 0: all
     box_geometry: bool = False  # append each region's [x1/w, y1/h, x2/w, y2/h, area] to its feature
+
+    def check(self):
+        if self.seq_per_img < 1:
+            yield "seq_per_img: must be at least 1"
+        if not self.features:
+            yield "features: name at least one store"
 
 
 @dataclass
@@ -46,48 +63,78 @@ class TrainConfig:
     grad_clip: float = 5.0  # max gradient norm; 0 disables
     lr_decay_every: int = 0  # epochs; 0 keeps lr constant
     lr_decay_rate: float = 0.8
-    scheduled_sampling_start: int = -1  # epoch; -1 disables
-    scheduled_sampling_increase_every: int = 5
-    scheduled_sampling_increase: float = 0.05
-    scheduled_sampling_max: float = 0.25
     checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
     log_every: int = 10  # steps between train lines in metrics.jsonl
     val_images: int = 0  # 0: the whole validation split
-    max_len: int = 16  # decoding length in validation and evaluation
+    max_len: int = 16  # decoding length in validation, RL sampling and evaluation
     seed: int = 0
-    objective: str = "xe"  # xe | scst | c2f (Stack-Cap's coarse-to-fine reward)
     init_from: str = ""  # a checkpoint whose weights start this run (RL after XE)
-    cider_cache: str = ""  # scst: the `capstack cider-cache` file of the train split
-    scst_samples: int = 5  # sampled captions per image
-    scst_baseline: str = "greedy"  # greedy | mean (of the image's other samples)
-    c2f_coarse_term: bool = False  # c2f: add a self-critical term for the coarse stage
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: bool = True  # bfloat16 autocast on CUDA; ignored on CPU
+
+    def check(self):
+        for key in ("epochs", "batch_size", "log_every"):
+            if getattr(self, key) < 1:
+                yield f"{key}: must be at least 1"
+        if self.lr <= 0:
+            yield "lr: must be positive"
+        if len(self.betas) != 2:
+            yield "betas: expected two numbers"
 
 
 @dataclass
 class EvalConfig:
     beam_size: int = 5
     max_len: int = 16
-    split: str = "test"
+    split: Literal["train", "val", "test"] = "test"
     figures: int = 4  # attention figures of the first N evaluated images
+
+    def check(self):
+        if self.beam_size < 1:
+            yield "beam_size: must be at least 1"
+
+
+@dataclass
+class Component:
+    """A component picked by ``name`` from a registry, with its own config dataclass filled."""
+
+    name: str
+    config: Any
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **dataclasses.asdict(self.config)}
+
+
+def component(registry, **kwargs):
+    """A ``Component`` field of the experiment, read from ``registry`` (a mapping with ``name``)."""
+    return field(metadata={"registry": registry}, **kwargs)
+
+
+def _xe() -> Component:
+    return Component("xe", OBJECTIVES.get("xe").Config())
 
 
 @dataclass
 class ExperimentConfig:
     name: str
-    decoder: str
+    decoder: Component = component(DECODERS)
     data: DataConfig
-    decoder_config: dict = field(default_factory=dict)  # checked against the decoder's own dataclass
+    objective: Component = component(OBJECTIVES, default_factory=_xe)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The experiment in its file form (what checkpoints and config.json record)."""
+        return {"name": self.name, "decoder": self.decoder.to_dict(),
+                "data": dataclasses.asdict(self.data), "objective": self.objective.to_dict(),
+                "train": dataclasses.asdict(self.train), "eval": dataclasses.asdict(self.eval)}
+
+
+# ------------------------------------------------------------------------- reading
 
 
 def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read an experiment yaml and apply ``section.key=value`` overrides."""
+    """Read an experiment yaml, apply ``section.key=value`` overrides, check everything."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -97,25 +144,41 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         raise CapstackError(f"{path}: not valid yaml ({error})") from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping at the top level")
+    refuse_old_form(data, str(path))
     for item in overrides:
-        apply_override(data, item, str(path))
-    config = from_dict(ExperimentConfig, data, str(path))
-    check_experiment(config, str(path))
+        refuse_old_override(item)
+        apply_override(data, item, str(path), COMPONENT_SECTIONS)
+    return experiment_from_dict(data, str(path))
+
+
+def experiment_from_dict(data: dict, where: str) -> ExperimentConfig:
+    """A checked experiment from its file form (a checkpoint's ``experiment`` too)."""
+    config = from_dict(ExperimentConfig, data, where)
+    check_pairing(config, where)
     return config
 
 
-def apply_override(data: dict, item: str, where: str) -> None:
-    """``train.epochs=3`` -> data["train"]["epochs"] = yaml value "3" (typed later, strictly)."""
+def apply_override(data: dict, item: str, where: str, components=frozenset()) -> None:
+    """``train.epochs=3`` -> data["train"]["epochs"] = yaml value "3" (typed later, strictly).
+
+    ``SECTION.name=OTHER`` for a component section (``components``) replaces the
+    section by ``{name: OTHER}`` when OTHER is not the name it had."""
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise CapstackError(f"--set {item!r}: expected SECTION.KEY=VALUE")
     *parents, last = key.split(".")
+    parsed = yaml.safe_load(value) if value else ""
+    if len(parents) == 1 and parents[0] in components and last == "name":
+        section = data.get(parents[0])
+        if not isinstance(section, dict) or section.get("name") != parsed:
+            data[parents[0]] = {"name": parsed}
+            return
     node = data
     for part in parents:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise CapstackError(f"{where}: --set {key}: {part} is not a section")
-    node[last] = yaml.safe_load(value) if value else ""
+    node[last] = parsed
 
 
 def from_dict(cls, data, where: str, prefix: str = ""):
@@ -123,22 +186,50 @@ def from_dict(cls, data, where: str, prefix: str = ""):
     if not isinstance(data, dict):
         raise CapstackError(f"{where}: {prefix or 'top level'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    fields = dataclasses.fields(cls)
+    unknown = sorted(set(data) - {f.name for f in fields})
     if unknown:
         raise CapstackError(f"{where}: {prefix}{unknown[0]}: unknown key {unknown[0]!r} "
-                            f"(known: {', '.join(sorted(names))})")
+                            f"(known: {', '.join(sorted(f.name for f in fields))})")
     values = {}
-    for f in dataclasses.fields(cls):
+    for f in fields:
         if f.name in data:
-            values[f.name] = convert(hints[f.name], data[f.name], where, prefix + f.name)
+            values[f.name] = _field_value(f, hints[f.name], data[f.name], where, prefix + f.name)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise CapstackError(f"{where}: {prefix}{f.name}: missing key {f.name!r}")
-    return cls(**values)
+    obj = cls(**values)
+    for problem in getattr(obj, "check", lambda: ())():
+        raise CapstackError(f"{where}: {prefix}{problem}")
+    return obj
+
+
+def _field_value(f, hint, value, where: str, name: str):
+    if "registry" in f.metadata:
+        default = f.default_factory().name if f.default_factory is not dataclasses.MISSING else None
+        return component_from_dict(f.metadata["registry"], value, where, name, default)
+    return convert(hint, value, where, name)
+
+
+def component_from_dict(registry, value, where: str, name: str,
+                        default: str | None = None) -> Component:
+    """``{name: top_down, hidden: 512}`` -> Component("top_down", TopDownConfig(hidden=512)).
+
+    A mapping without ``name`` is the ``default`` component's, when there is one."""
+    if isinstance(value, dict) and "name" not in value and default is not None:
+        value = {"name": default, **value}
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        raise CapstackError(f"{where}: {name}: expected a mapping with the {registry.kind}'s "
+                            f"name (choose {', '.join(registry)}), got {value!r}")
+    if value["name"] not in registry:
+        raise CapstackError(f"{where}: {name}.name: unknown {registry.kind} {value['name']!r} "
+                            f"(choose {', '.join(registry)})")
+    cls = registry.get(value["name"])
+    settings = {k: v for k, v in value.items() if k != "name"}
+    return Component(value["name"], from_dict(cls.Config, settings, where, name + "."))
 
 
 def convert(hint, value, where: str, field: str):
-    """``value`` as type ``hint`` (int, float, bool, str, list[...], dict, dataclass, X | None)."""
+    """``value`` as type ``hint`` (int, float, bool, str, Literal, list[...], dict, dataclass, X | None)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
@@ -146,6 +237,12 @@ def convert(hint, value, where: str, field: str):
             return None
         hint = next(o for o in options if o is not type(None))
         origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value in choices:
+            return value
+        raise CapstackError(f"{where}: {field}: expected one of {', '.join(map(str, choices))}, "
+                            f"got {value!r}")
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, where, field + ".")
     if origin is list:
@@ -157,6 +254,10 @@ def convert(hint, value, where: str, field: str):
         if not isinstance(value, dict):
             raise CapstackError(f"{where}: {field}: expected a mapping, got {value!r}")
         return dict(value)
+    return _scalar(hint, value, where, field)
+
+
+def _scalar(hint, value, where: str, field: str):
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -179,22 +280,73 @@ def convert(hint, value, where: str, field: str):
     raise CapstackError(f"{where}: {field}: expected {hint.__name__}, got {value!r}")
 
 
-def check_experiment(config: ExperimentConfig, where: str) -> None:
-    checks = [
-        (config.data.seq_per_img >= 1, "data.seq_per_img: must be at least 1"),
-        (len(config.data.features) >= 1, "data.features: name at least one store"),
-        (config.train.epochs >= 1, "train.epochs: must be at least 1"),
-        (config.train.batch_size >= 1, "train.batch_size: must be at least 1"),
-        (config.train.lr > 0, "train.lr: must be positive"),
-        (config.train.log_every >= 1, "train.log_every: must be at least 1"),
-        (len(config.train.betas) == 2, "train.betas: expected two numbers"),
-        (config.eval.beam_size >= 1, "eval.beam_size: must be at least 1"),
-        (config.train.objective in ("xe", "scst", "c2f"),
-         "train.objective: expected xe, scst or c2f"),
-        (config.train.objective == "xe" or bool(config.train.cider_cache),
-         "train.cider_cache: RL needs the CIDEr-D cache (capstack cider-cache)"),
-        (config.eval.split in ("train", "val", "test"), "eval.split: expected train, val or test"),
-    ]
-    for ok, problem in checks:
-        if not ok:
-            raise CapstackError(f"{where}: {problem}")
+COMPONENT_SECTIONS = frozenset(f.name for f in dataclasses.fields(ExperimentConfig)
+                               if "registry" in f.metadata)
+
+
+def check_pairing(config: ExperimentConfig, where: str) -> None:
+    """The objective can train the decoder (C2F needs a staged decoder), said before any work."""
+    objective = OBJECTIVES.get(config.objective.name)
+    needed = objective.decoder_type
+    if not issubclass(DECODERS.get(config.decoder.name), needed):
+        able = [name for name, cls in DECODERS.items() if issubclass(cls, needed)]
+        raise CapstackError(f"{where}: objective.name: {config.objective.name} needs "
+                            f"{needed.requirement} ({', '.join(able)}); decoder.name is "
+                            f"{config.decoder.name}")
+
+
+# ------------------------------------------------------------------------- the old form
+
+OLD_TRAIN_KEYS = {  # train.<key> of the flat form -> its place in the objective section
+    "objective": "name", "cider_cache": "cider_cache", "scst_samples": "samples",
+    "scst_baseline": "baseline", "c2f_coarse_term": "coarse_term",
+    "scheduled_sampling_start": "scheduled_sampling_start",
+    "scheduled_sampling_increase_every": "scheduled_sampling_increase_every",
+    "scheduled_sampling_increase": "scheduled_sampling_increase",
+    "scheduled_sampling_max": "scheduled_sampling_max",
+}
+
+
+def new_form(data: dict) -> dict:
+    """An experiment of the flat form (``decoder: NAME``, ``decoder_config``, the objective's
+    settings under ``train``) in the form of components; unchanged when already new."""
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    if isinstance(data.get("decoder"), str) or "decoder_config" in data:
+        name = data.get("decoder")
+        data["decoder"] = {"name": name, **(data.pop("decoder_config", None) or {})}
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    moved = {new: train.pop(old) for old, new in OLD_TRAIN_KEYS.items() if old in train}
+    if moved:
+        name = moved.pop("name", "xe")
+        known = {f.name for f in dataclasses.fields(OBJECTIVES.get(name).Config)}
+        data["objective"] = {"name": name, **{k: v for k, v in moved.items() if k in known}}
+    order = ["name", "decoder", "objective", "data", "train", "eval"]
+    return {k: data[k] for k in order if k in data} | {k: v for k, v in data.items()
+                                                       if k not in order}
+
+
+def refuse_old_form(data: dict, where: str) -> None:
+    """An experiment file of the flat form is refused, with the same experiment in the new form."""
+    old = [k for k in ("decoder_config",) if k in data]
+    old += ["decoder"] if isinstance(data.get("decoder"), str) else []
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    old += [f"train.{k}" for k in OLD_TRAIN_KEYS if k in train]
+    if not old:
+        return
+    shown = yaml.safe_dump(new_form(data), sort_keys=False, default_flow_style=None, width=100)
+    raise CapstackError(f"{where}: {', '.join(old)}: the old form of an experiment file; "
+                        f"decoder and objective are components now, each a mapping with its "
+                        f"name. Write it as:\n\n{shown}")
+
+
+def refuse_old_override(item: str) -> None:
+    key = item.partition("=")[0]
+    section, _, rest = key.partition(".")
+    if section == "train" and rest in OLD_TRAIN_KEYS:
+        raise CapstackError(f"--set {item}: {key} is objective.{OLD_TRAIN_KEYS[rest]} now (the "
+                            f"objective is its own section: --set objective.{OLD_TRAIN_KEYS[rest]}"
+                            f"={item.partition('=')[2]}, or a whole section: "
+                            f"--set 'objective={{name: scst, cider_cache: FILE}}')")
+    if section == "decoder_config":
+        raise CapstackError(f"--set {item}: decoder_config.{rest} is decoder.{rest} now "
+                            f"(--set decoder.{rest}={item.partition('=')[2]})")

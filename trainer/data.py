@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import h5py
 import numpy as np
 import torch
 
@@ -24,52 +23,12 @@ from pipeline.core.errors import CapstackError
 from pipeline.features.stores import Batch, Record, open_store
 from pipeline.features.stores.buffer import BatchBuffer
 from pipeline.features.stores.pointer import read_pointer
-from pipeline.captions.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, Vocabulary
+from pipeline.captions.prepared import Captions
+from pipeline.captions.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD
 from trainer.objectives.share import Share
 
-SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
 BUCKET_SPAN = 50
 GEOMETRY_DIM = 5  # batches whose images are sorted by caption length together
-
-
-# --------------------------------------------------------------------------- captions
-
-@dataclass
-class Captions:
-    """What ``capstack prepare`` wrote: vocabulary, caption rows per image, references."""
-
-    folder: Path
-    vocab: Vocabulary
-    labels: np.ndarray  # [captions, max_len] int32, 0-padded
-    lengths: np.ndarray  # [captions]
-    label_start: np.ndarray  # [images] first caption row
-    label_end: np.ndarray  # [images] one past the last
-    image_ids: np.ndarray  # [images]
-    split: np.ndarray  # [images] 0 train, 1 val, 2 test
-
-    def rows(self, split: str) -> np.ndarray:
-        return np.flatnonzero(self.split == SPLIT_CODES[split])
-
-    def references_path(self, split: str) -> Path:
-        return self.folder / f"refs_{split}.json"
-
-    def vocab_digest(self) -> str:
-        return self.vocab.digest()
-
-
-def load_captions(folder: str | Path) -> Captions:
-    folder = Path(folder)
-    vocab_path, h5_path = folder / "vocab.json", folder / "captions.h5"
-    for path in (vocab_path, h5_path):
-        if not path.is_file():
-            raise CapstackError(f"{path}: not found (run `capstack prepare` to write {folder})")
-    try:
-        with h5py.File(h5_path, "r") as f:
-            arrays = {k: f[k][()] for k in ("labels", "lengths", "label_start", "label_end",
-                                            "image_ids", "split")}
-    except (OSError, KeyError) as error:
-        raise CapstackError(f"{h5_path}: not a prepared captions file ({error})") from None
-    return Captions(folder, Vocabulary.load(vocab_path), **arrays)
 
 
 def caption_tensor(labels: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
@@ -194,6 +153,7 @@ class TrainBatch:
     captions: torch.Tensor  # [B*S, T+2] long
     share: Share  # the global batch's counts that losses divide by
     index: int = 0  # the batch's position in its epoch
+    seq_per_img: int = 1  # captions of each image (consecutive rows of ``captions``)
 
     def to(self, device: torch.device) -> "TrainBatch":
         return replace(self, feats=self.feats.to(device, torch.float32, non_blocking=True),
@@ -278,7 +238,7 @@ class TrainBatches:
         image_ids = self.captions.image_ids[rows[part]].tolist()
         feats, mask, _ = self.features.read(image_ids)
         return TrainBatch(image_ids, feats, mask, captions[part.start * s:part.stop * s], share,
-                          index)
+                          index, s)
 
     def pick_captions(self, row: int, rng: np.random.Generator) -> np.ndarray:
         """``seq_per_img`` of the image's caption rows: without replacement when it has enough."""

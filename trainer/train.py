@@ -1,4 +1,9 @@
-"""Training on cached features (cross-entropy, SCST or C2F), validated by greedy CIDEr each epoch.
+"""Training on cached features, validated by greedy CIDEr each epoch: the loop.
+
+What a step minimises is the experiment's objective (trainer/objectives/:
+cross-entropy, SCST, coarse-to-fine, ...), a component the loop calls without
+knowing which it is: the loss inside the module DDP wraps, the decoder's
+optimiser step, then the objective's own ``after_step``.
 
 The loop holds no global state: everything it needs arrives as arguments, and
 everything a resume needs (model, optimiser, scheduler, epoch, position in the
@@ -34,21 +39,18 @@ from pipeline.core.atomic import atomic_file, replace_path
 from pipeline.core.ranks import Ranks, join
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
+from pipeline.captions.prepared import Captions, load_captions
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
-from trainer.data import Captions, Features, TrainBatches, check_coverage, load_captions
-from trainer.decoders import build_decoder, decoder_config
-from trainer.decode import SamplingNoise
+from trainer.data import Features, TrainBatches, check_coverage
+from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
-from trainer.objectives.loss import Objective, xe_loss  # noqa: F401 (xe_loss: part of this API)
-from trainer.rewards.cider import CiderD
-from trainer.objectives.c2f import CoarseToFine
-from trainer.objectives.scst import SelfCritical
 from trainer.evaluation.validate import validate
+from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
 
 log = logging.getLogger(__name__)
 RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every"}
-STEP_STATS_SUMMED = ("loss", "xe", "reward", "baseline")  # over ranks; reward_stageN too
+RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
 
 @dataclass
@@ -80,14 +82,6 @@ def tensorboard_writer(out_dir: Path):
     return SummaryWriter(str(out_dir / "events"))
 
 
-def scheduled_sampling_prob(config, epoch: int) -> float:
-    t = config.train
-    if t.scheduled_sampling_start < 0 or epoch < t.scheduled_sampling_start:
-        return 0.0
-    rises = (epoch - t.scheduled_sampling_start) // max(t.scheduled_sampling_increase_every, 1)
-    return min(t.scheduled_sampling_increase * rises, t.scheduled_sampling_max)
-
-
 class Run:
     """One experiment's training: the data, model, optimiser and where they are saved."""
 
@@ -98,18 +92,19 @@ class Run:
         except CapstackError as error:
             raise CapstackError(f"train.device: {error}") from None
         self.captions: Captions = load_captions(config.data.captions)
+        t = config.train
         self.features = Features(config.data.features, config.data.max_regions,
                                  config.data.box_geometry)
         check_coverage(self.captions, self.features)
-        self.decoder_values = asdict(decoder_config(config.decoder, config.decoder_config,
-                                                    config.name))
-        self.identity = identity(config.decoder, self.decoder_values, self.captions.vocab.itow,
-                                 self.features.describe())
-        torch.manual_seed(config.train.seed)  # the same initial weights for the same seed
-        self.model: Decoder = build_decoder(config.decoder, config.decoder_config,
+        self.identity = identity(config.decoder.name, asdict(config.decoder.config),
+                                 self.captions.vocab.itow, self.features.describe())
+        torch.manual_seed(t.seed)  # the same initial weights (the objective's too) for the same seed
+        self.model: Decoder = build_decoder(config.decoder.name, config.decoder.config,
                                             len(self.captions.vocab),
                                             self.features.feature_dim).to(self.device)
-        t = config.train
+        self.objective = build_objective(config.objective.name, config.objective.config,
+                                         Setting(self.captions, t.max_len, self.device))
+        self.objective.to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
                                           weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.StepLR(
@@ -120,36 +115,17 @@ class Run:
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
         self.events = tensorboard_writer(self.out_dir) if ranks.main else None
-        self.loss = Objective(self.model, config.data.seq_per_img,
-                              self.reinforcement() if t.objective in ("scst", "c2f") else None)
-        self.objective = self.wrap(self.loss)  # DDP around self.loss when distributed
+        self.loss = self.wrap(TrainingLoss(self.model, self.objective))
         self.start = self.starting_checkpoint()
 
-    @property
-    def rl(self):
-        """The reinforcement objective (SelfCritical, CoarseToFine), or None for XE."""
-        return self.loss.reinforcement
-
-    def wrap(self, objective: Objective) -> torch.nn.Module:
+    def wrap(self, loss: TrainingLoss) -> torch.nn.Module:
         """DistributedDataParallel around the loss when there are several processes."""
         if not self.ranks.distributed:
-            return objective
+            return loss
         from torch.nn.parallel import DistributedDataParallel
 
-        # C2F's loss leaves the coarse stage's output layer out (eq 11 starts at stage 1)
         return DistributedDataParallel(
-            objective, find_unused_parameters=self.config.train.objective == "c2f")
-
-    def reinforcement(self):
-        """SCST or Stack-Cap's C2F, refused when the cached references are of other data."""
-        t = self.config.train
-        scorer = self.reward_cache()
-        if t.objective == "c2f":
-            if not hasattr(self.model, "heading"):
-                raise CapstackError(f"train.objective c2f needs a coarse-to-fine decoder "
-                                    f"(stack_cap, stack_cap_star), got {self.config.decoder}")
-            return CoarseToFine(scorer, t.scst_samples, t.max_len, t.c2f_coarse_term)
-        return SelfCritical(scorer, t.scst_samples, t.scst_baseline, t.max_len)
+            loss, find_unused_parameters=self.objective.find_unused_parameters)
 
     def starting_checkpoint(self) -> dict | None:
         """``train.init_from`` and its digest: a run resumes only from the start it was given."""
@@ -160,19 +136,6 @@ class Run:
         if not file.is_file():
             raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it first)")
         return {"path": str(path), "md5": md5_of_file(file)}
-
-    def reward_cache(self) -> CiderD:
-        t = self.config.train
-        scorer = CiderD.load(t.cider_cache)
-        if scorer.vocab_digest() != self.identity["vocab"]["md5"]:
-            raise CapstackError(f"{t.cider_cache}: built with another vocabulary than "
-                                f"{self.captions.folder} (rebuild it: capstack cider-cache)")
-        train_ids = self.captions.image_ids[self.captions.rows("train")]
-        lacking = np.setdiff1d(train_ids, scorer.image_ids)
-        if len(lacking):
-            raise CapstackError(f"{t.cider_cache}: has no references for image {lacking[0]} of "
-                                f"{self.captions.folder}'s train split (another dataset?)")
-        return scorer
 
     def start_from(self, path: str) -> None:
         """Weights of another run's checkpoint (RL after XE), on the same data and decoder."""
@@ -193,6 +156,7 @@ class Run:
             "vocab": self.captions.vocab.to_json(), "stores": self.describe_stores(),
             "feature_dim": self.features.feature_dim,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "objective": self.objective.state_dict(),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
             "start": self.start,
@@ -222,6 +186,7 @@ class Run:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.objective.load_state_dict(ckpt["objective"])
         self.epoch, self.batch, self.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
         self.best_cider, self.best_epoch = ckpt["best_cider"], ckpt["best_epoch"]
         self.trim_log()
@@ -240,7 +205,7 @@ class Run:
         """A run resumes only with the training settings it was started with (more epochs,
         another device or checkpoint interval excepted): a changed lr is another run."""
         now = self.config.to_dict()
-        for section in ("train", "data"):
+        for section in RECIPE:
             old, new = saved.get(section, {}), now[section]
             for key in sorted(set(old) | set(new)):
                 if key in RESUMABLE_CHANGES or old.get(key) == new.get(key):
@@ -284,35 +249,31 @@ class Run:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
-    def train_step(self, batch, sample_prob: float) -> dict:
+    def train_step(self, batch) -> dict:
         """One optimiser step on this rank's part of a global batch; the batch's statistics."""
         t = self.config.train
         torch.manual_seed(int(np.random.SeedSequence(
             [t.seed, self.epoch, batch.index, self.ranks.rank]).generate_state(1)[0]))
-        noise = None
-        if self.rl is not None:  # the same draws for an image whichever rank samples it
-            per_image = self.rl.samples
-            noise = SamplingNoise((t.seed, self.epoch, batch.index), batch.share.images * per_image,
-                                  batch.share.first * per_image)
+        key = StepKey(t.seed, self.epoch, batch.index)
         started = time.perf_counter()
         batch = batch.to(self.device)
         with self.autocast():
-            loss, stats = self.objective(batch, sample_prob, noise)
+            loss, stats = self.loss(batch, key)
         backward_at = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         (loss * self.ranks.world).backward()  # DDP averages the ranks' gradients
         if t.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
         self.optimizer.step()
-        stats = {"loss": loss.item(), **stats}
-        if not self.rl:
-            stats["time_forward"] = backward_at - started
-        stats["time_backward"] = time.perf_counter() - backward_at
+        stepped_at = time.perf_counter()
+        stats = {"loss": loss.item(), **stats, **self.objective.after_step(self.model, batch, key)}
+        stats.setdefault("time_forward", backward_at - started)
+        stats["time_backward"] = stepped_at - backward_at
         return self.summed_over_ranks(stats)
 
     def summed_over_ranks(self, stats: dict) -> dict:
         """The global batch's statistics: each rank's parts added (its ``time_*`` kept)."""
-        keys = [k for k in stats if k in STEP_STATS_SUMMED or k.startswith("reward_stage")]
+        keys = [k for k in stats if not k.startswith("time_")]
         if not self.ranks.distributed:
             return stats
         total = self.ranks.sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64,
@@ -321,13 +282,12 @@ class Run:
 
     def run_epoch(self, progress: bool) -> None:
         t = self.config.train
-        sample_prob = scheduled_sampling_prob(self.config, self.epoch)
         bar = tqdm(total=len(self.batches), initial=self.batch,
                    disable=not progress or not self.ranks.main,
                    desc=f"{self.config.name} epoch {self.epoch + 1}/{t.epochs}", unit="batch")
         self.model.train()
         for batch in self.batches.epoch(self.epoch, self.batch):
-            losses = self.train_step(batch, sample_prob)
+            losses = self.train_step(batch)
             self.batch += 1
             self.step += 1
             bar.update(1)

@@ -38,10 +38,11 @@ import numpy as np
 from pipeline.core.atomic import atomic_dir
 from pipeline.core.errors import CapstackError
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
+from pipeline.captions.prepared import SPLIT_CODES
 from pipeline.captions.vocab import Vocabulary
 
 OUT_SPLITS = ("train", "val", "test")
-SPLIT_CODE = {"train": 0, "restval": 0, "val": 1, "test": 2}
+SPLIT_CODE = {**SPLIT_CODES, "restval": SPLIT_CODES["train"]}  # restval counts as train
 
 
 def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count: int = 5,

@@ -1,7 +1,8 @@
 """Components found by name: ``@DECODERS.register("top_down")``, then ``DECODERS.get(name)``.
 
 A registry sits beside what it holds (``trainer/decoders/__init__.py`` holds
-``DECODERS``); the package imports every module so each registers itself.
+``DECODERS``, ``trainer/objectives/__init__.py`` ``OBJECTIVES``); the package
+imports every module so each registers itself.
 """
 
 from __future__ import annotations
@@ -40,3 +41,8 @@ class Registry:
 
     def items(self):
         return sorted(self._items.items())
+
+    def summaries(self) -> list[tuple[str, str]]:
+        """(name, the first line of its docstring) per registered component, by name."""
+        return [(name, (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else "")
+                for name, obj in self.items()]

@@ -1,8 +1,9 @@
-"""The decoders, found by name: ``build_decoder("top_down", {"hidden": 512}, V, D)``.
+"""The decoders, found by name: ``build_decoder("top_down", TopDownConfig(hidden=512), V, D)``.
 
 Each module registers its class with ``@DECODERS.register(name)``; importing
 this package imports them all. Adding a decoder is one new file here plus its
-import below.
+import below. An experiment's ``decoder: {name: ..., ...}`` is parsed into the
+decoder's ``Config`` once, when the experiment file is read (trainer/config.py).
 """
 
 from __future__ import annotations
@@ -24,18 +25,6 @@ from trainer.decoders import (  # noqa: E402,F401  (each registers itself)
 from trainer.decoders.base import Decoder  # noqa: E402
 
 
-def decoder_config(name: str, values: dict, where: str = "experiment"):
-    """The decoder's own config dataclass filled strictly from ``values``."""
-    from trainer.config import from_dict
-
-    return from_dict(DECODERS.get(name).Config, values, where, "decoder_config.")
-
-
-def build_decoder(name: str, values: dict, vocab_size: int, feature_dim: int) -> Decoder:
-    cls = DECODERS.get(name)
-    return cls(decoder_config(name, values), vocab_size, feature_dim)
-
-
-def summaries() -> list[tuple[str, str]]:
-    """(name, the first line of its docstring) per registered decoder."""
-    return [(name, (cls.__doc__ or "").strip().splitlines()[0]) for name, cls in DECODERS.items()]
+def build_decoder(name: str, config, vocab_size: int, feature_dim: int) -> Decoder:
+    """The registered decoder ``name`` built from its (already checked) config dataclass."""
+    return DECODERS.get(name)(config, vocab_size, feature_dim)

@@ -3,23 +3,29 @@
 Teacher forcing (:meth:`Decoder.forward`), greedy decoding, sampling and beam
 search (``trainer/decode.py``) all drive the same ``step``. A context is a dict
 and a state a tuple of tensors whose first dimension is the caption (or beam):
-so expanding an image to its ``seq_per_img`` captions or to K beams, and
-reordering beams, is the same ``index_select`` for every decoder.
+so expanding an image to its captions or to K beams, and reordering beams, is
+the same ``index_select`` for every decoder.
+
+A decoder knows no training loop: tensors in, logits and attention out, and its
+own loss terms (:meth:`Decoder.loss_terms`) as *sums* that the objective divides
+by the global batch's counts. State that follows training (hard attention's
+moving baseline) changes only when the objective calls :meth:`Decoder.update`.
 
 Shapes: N captions (or beams), L locations, D feature dim, V vocabulary.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from trainer.objectives.share import Share
-
 Context = dict[str, Tensor]
 State = tuple[Tensor, ...]
+WordFeed = Callable[[Tensor, Tensor], Tensor]  # (the caption's words at t, logits of t-1) -> inputs
 
 
 @dataclass
@@ -27,6 +33,21 @@ class DecoderOutput:
     logits: Tensor  # [N, T, V]
     alphas: Tensor | None  # [N, T, L], None for decoders without attention
     extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class LossTerms:
+    """A decoder's training terms beyond the caption cross-entropy, as sums.
+
+    ``per_token`` is divided by the target tokens of the global batch,
+    ``per_caption`` by its captions (the objective does it, trainer/objectives/share.py).
+    ``observed``: per-caption sums of what the decoder's state follows (hard
+    attention's baseline), handed back as global means to :meth:`Decoder.update`.
+    """
+
+    per_token: Tensor
+    per_caption: Tensor
+    observed: dict[str, Tensor] = field(default_factory=dict)
 
 
 def expand_context(ctx: Context, n: int) -> Context:
@@ -44,8 +65,9 @@ def select(tensors, index: Tensor):
 class Decoder(nn.Module):
     """Subclasses set ``Config`` (a dataclass) and implement encode, init_state and step."""
 
-    Config: type
-    has_attention: bool = True
+    Config: ClassVar[type]
+    has_attention: ClassVar[bool] = True
+    requirement: ClassVar[str] = "a decoder"  # what an objective asking for this class says
 
     def __init__(self, config, vocab_size: int, feature_dim: int):
         super().__init__()
@@ -62,47 +84,56 @@ class Decoder(nn.Module):
         """words [N] -> logits [N, V], the next state, attention [N, L] (or None)."""
         raise NotImplementedError
 
-    def forward(self, feats: Tensor, mask: Tensor, captions: Tensor, seq_per_img: int = 1,
-                sample_prob: float = 0.0) -> DecoderOutput:
-        """Teacher forcing over captions [B*S, T+1] (<bos> first): logits for positions 1..T.
+    def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
+        """Teacher forcing over captions [N, T+1] (<bos> first): logits for positions 1..T.
 
-        ``sample_prob`` > 0 is scheduled sampling: each input word is, with that
-        probability, the model's own sample from the previous step instead.
+        ``ctx`` holds one row per caption (:func:`expand_context`). ``feed``, when
+        given, picks each step's input words after the first from the caption's
+        and the previous step's logits (scheduled sampling).
         """
-        ctx = expand_context(self.encode(feats, mask), seq_per_img)
         state = self.init_state(ctx)
         logits, alphas = [], []
         for t in range(captions.shape[1] - 1):
-            words = captions[:, t]
-            if t > 0 and sample_prob > 0:
-                words = self._scheduled_words(words, logits[-1], sample_prob)
+            words = captions[:, t] if t == 0 or feed is None else feed(captions[:, t], logits[-1])
             step_logits, state, alpha = self.step(words, state, ctx)
             logits.append(step_logits)
             alphas.append(alpha)
         return DecoderOutput(torch.stack(logits, 1),
                              torch.stack(alphas, 1) if alphas[0] is not None else None)
 
-    @staticmethod
-    def _scheduled_words(words: Tensor, prev_logits: Tensor, prob: float) -> Tensor:
-        use_sample = torch.rand(words.shape[0], device=words.device) < prob
-        if not use_sample.any():
-            return words
-        sampled = torch.multinomial(torch.softmax(prev_logits.detach().float(), -1), 1).squeeze(1)
-        return torch.where(use_sample, sampled, words)
-
-    def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
-        """A decoder's own loss terms beyond cross-entropy (0 unless overridden).
+    def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                   loc_mask: Tensor) -> LossTerms:
+        """This decoder's own terms (none unless overridden), as sums over these captions.
 
         targets [N, T] word ids, target_mask [N, T] bool, loc_mask [N, L] bool.
-        Per-token and per-caption terms divide their sums by ``share``'s counts of
-        the global batch (trainer/objectives/share.py); without one, by these captions' own.
         """
-        return output.logits.new_zeros(())
+        zero = output.logits.new_zeros(())
+        return LossTerms(zero, zero)
+
+    def update(self, observed: dict[str, Tensor]) -> None:
+        """Move the state that follows training, given the global batch's means of
+        ``LossTerms.observed``; called by the objective once per optimiser step."""
 
 
-def divisors(target_mask: Tensor, share: Share | None) -> tuple[int, int]:
-    """(tokens, captions) a regularizer divides its sums by."""
-    if share is None:
-        return max(int(target_mask.sum()), 1), target_mask.shape[0]
-    return share.tokens, share.captions
+class StagedDecoder(Decoder):
+    """A decoder of several stages, any of which can lead decoding (Stack-Cap, coarse to fine).
+
+    Stage 0 is the coarsest; :meth:`heading` makes another stage the one whose
+    distribution ``step`` returns, so each stage's own caption can be decoded.
+    """
+
+    requirement = "a staged (coarse-to-fine) decoder"
+    head: int
+
+    @property
+    def stages(self) -> int:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def heading(self, stage: int):
+        """Decode with ``stage``'s distribution (0 = coarse) inside the block."""
+        previous, self.head = self.head, stage
+        try:
+            yield self
+        finally:
+            self.head = previous

@@ -6,8 +6,10 @@ z_t = beta_t * a_{s_t}. The gradient is the paper's estimator:
     d log p(y|s)/dW + lambda_r (log p(y|s) - b) d log p(s)/dW + lambda_e dH[s]/dW
 
 with the moving-average baseline b_k = 0.9 b_{k-1} + 0.1 log p(y|s_k) (a buffer,
-so it is checkpointed). At test time the expected context is used, as the
-paper does (the soft decoder's step).
+so it is checkpointed). The baseline moves only in :meth:`HardAttention.update`,
+which the objective calls once per optimiser step with the global batch's mean
+log p(y|s): computing the loss twice does not move it. At test time the
+expected context is used, as the paper does (the soft decoder's step).
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import DecoderOutput, divisors, expand_context
+from trainer.decoders.base import Context, DecoderOutput, LossTerms, WordFeed
 from trainer.decoders.soft_attention import SoftAttention, SoftAttentionConfig
-from trainer.objectives.share import Share
 
 
 @dataclass
@@ -42,17 +43,13 @@ class HardAttention(SoftAttention):
         super().__init__(config, vocab_size, feature_dim)
         self.register_buffer("baseline", torch.zeros(()))
 
-    def forward(self, feats: Tensor, mask: Tensor, captions: Tensor, seq_per_img: int = 1,
-                sample_prob: float = 0.0) -> DecoderOutput:
+    def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
         if not self.training:
-            return super().forward(feats, mask, captions, seq_per_img, sample_prob)
-        ctx = expand_context(self.encode(feats, mask), seq_per_img)
+            return super().forward(ctx, captions, feed)
         state = self.init_state(ctx)
         logits, alphas, location_logp, entropy = [], [], [], []
         for t in range(captions.shape[1] - 1):
-            words = captions[:, t]
-            if t > 0 and sample_prob > 0:
-                words = self._scheduled_words(words, logits[-1], sample_prob)
+            words = captions[:, t] if t == 0 or feed is None else feed(captions[:, t], logits[-1])
             _, alpha, beta = self.attend(state[0], ctx)
             location = torch.multinomial(alpha.detach().float(), 1)  # [N, 1]
             z = beta * ctx["feats"].gather(
@@ -67,11 +64,13 @@ class HardAttention(SoftAttention):
                              {"location_logp": torch.stack(location_logp, 1),
                               "entropy": torch.stack(entropy, 1)})
 
-    def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
-        loss = super().regularizer(output, targets, target_mask, loc_mask, share)
+    def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                   loc_mask: Tensor) -> LossTerms:
+        """-(lambda_r (log p(y|s) - b) log p(s) + lambda_e H[s]) per caption, with the baseline
+        as it stands; ``observed["sentence_logp"]`` is what :meth:`update` moves it towards."""
+        terms = super().loss_terms(output, targets, target_mask, loc_mask)
         if "location_logp" not in output.extras:  # evaluation: the expected context
-            return loss
+            return terms
         c = self.config
         mask = target_mask.float()
         token_logp = -F.cross_entropy(output.logits.transpose(1, 2).float(), targets,
@@ -80,8 +79,14 @@ class HardAttention(SoftAttention):
         advantage = sentence_logp - self.baseline
         locations = (output.extras["location_logp"] * mask).sum(1)  # log p(s), [N]
         entropy = (output.extras["entropy"] * mask).sum(1)
-        captions = divisors(target_mask, share)[1]
-        loss = loss - (c.reinforce * advantage * locations + c.entropy * entropy).sum() / captions
-        with torch.no_grad():
-            self.baseline.mul_(c.baseline_decay).add_((1 - c.baseline_decay) * sentence_logp.mean())
-        return loss
+        terms.per_caption = terms.per_caption - (c.reinforce * advantage * locations
+                                                 + c.entropy * entropy).sum()
+        terms.observed["sentence_logp"] = sentence_logp.sum()
+        return terms
+
+    @torch.no_grad()
+    def update(self, observed: dict[str, Tensor]) -> None:
+        """b_k = decay * b_{k-1} + (1 - decay) * mean log p(y | s) of the step's captions."""
+        if "sentence_logp" in observed:
+            decay = self.config.baseline_decay
+            self.baseline.mul_(decay).add_((1 - decay) * observed["sentence_logp"])

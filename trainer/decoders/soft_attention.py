@@ -20,8 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderOutput, State, divisors
-from trainer.objectives.share import Share
+from trainer.decoders.base import Context, Decoder, DecoderOutput, LossTerms, State
 from trainer.modules.attention import AdditiveAttention
 from trainer.modules.pooling import masked_mean
 
@@ -81,11 +80,12 @@ class SoftAttention(Decoder):
         logits, state = self.advance(words, state, beta * context)  # z = beta * sum_i alpha_i a_i
         return logits, state, alpha
 
-    def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
-        """lambda * sum_i (1 - sum_t alpha_ti)^2 over valid steps and locations, mean over captions."""
-        if not self.config.doubly_stochastic:
-            return super().regularizer(output, targets, target_mask, loc_mask, share)
-        attended = (output.alphas * target_mask[:, :, None]).sum(1)  # [N, L]
-        penalty = ((1 - attended) ** 2 * loc_mask).sum(1)  # [N]
-        return self.config.doubly_stochastic * penalty.sum() / divisors(target_mask, share)[1]
+    def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                   loc_mask: Tensor) -> LossTerms:
+        """lambda * sum_i (1 - sum_t alpha_ti)^2 over valid steps and locations, per caption."""
+        terms = super().loss_terms(output, targets, target_mask, loc_mask)
+        if self.config.doubly_stochastic:
+            attended = (output.alphas * target_mask[:, :, None]).sum(1)  # [N, L]
+            penalty = ((1 - attended) ** 2 * loc_mask).sum(1)  # [N]
+            terms.per_caption = self.config.doubly_stochastic * penalty.sum()
+        return terms

@@ -11,8 +11,8 @@ Per step t, with y_{t-1} the previous word's embedding and f(V) the mean feature
         o^i_t, h^i_t = LSTM^i_fine([g^i_t; h^{i-1}_t; y_{t-1}], h^i_{t-1})       eqs 3-4
     p_i(y_t) = softmax(W^i_o o^i_t + b^i_o)  for every stage i = 0..Nf
 
-Cross-entropy is the sum of every stage's loss (eq 10): the final stage's
-through the trainer's loss, the others through :meth:`StackCap.regularizer`.
+Cross-entropy is the sum of every stage's loss (eq 10): the head stage's
+through the objective's cross-entropy, the others through :meth:`StackCap.loss_terms`.
 Decoding follows the stage in ``head`` (the last by default): each stage's own
 caption comes from decoding with that stage as the head. ``stack_cap_star``
 (its own file) is the same without the stacking: each stage attends with
@@ -21,7 +21,6 @@ h^{i-1}_t alone (hhat = h).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -29,11 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import (Context, Decoder, DecoderOutput, State, divisors,
-                                   expand_context)
+from trainer.decoders.base import (Context, DecoderOutput, LossTerms, StagedDecoder, State,
+                                   WordFeed)
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
-from trainer.objectives.share import Share
 
 
 @dataclass
@@ -45,6 +43,10 @@ class StackCapConfig:
     dropout: float = 0.5
     stacked: bool = True  # False: Stack-Cap*, an independent attention per stage
     feature_embed: int = 0  # > 0: V_n -> ReLU(W V_n) of this size first (modules/feature_embed.py)
+
+    def check(self):
+        if self.fine_stages < 1:
+            yield f"fine_stages: at least 1, got {self.fine_stages}"
 
 
 class FineAttention(nn.Module):
@@ -65,7 +67,7 @@ class FineAttention(nn.Module):
 
 
 @DECODERS.register("stack_cap")
-class StackCap(Decoder):
+class StackCap(StagedDecoder):
     """Stack-Cap: a coarse LSTM, then Nf fine LSTMs with stacked attention, every stage supervised."""
 
     Config = StackCapConfig
@@ -74,9 +76,6 @@ class StackCap(Decoder):
         super().__init__(config, vocab_size, feature_dim)
         e, h, nf = config.embed, config.hidden, config.fine_stages
         self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
-        if nf < 1:
-            from pipeline.core.errors import CapstackError
-            raise CapstackError(f"decoder_config.fine_stages: at least 1, got {nf}")
         self.word_embed = nn.Embedding(vocab_size, e)
         self.coarse = nn.LSTMCell(feature_dim + h + e, h)
         self.fine = nn.ModuleList(nn.LSTMCell(2 * h + e, h) for _ in range(nf))
@@ -89,15 +88,6 @@ class StackCap(Decoder):
     @property
     def stages(self) -> int:
         return self.config.fine_stages + 1
-
-    @contextlib.contextmanager
-    def heading(self, stage: int):
-        """Decode with ``stage``'s distribution (0 = coarse): each stage's own caption."""
-        previous, self.head = self.head, stage
-        try:
-            yield self
-        finally:
-            self.head = previous
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         if self.feature_embed is not None:
@@ -134,15 +124,13 @@ class StackCap(Decoder):
         logits, state, alphas = self.stage_step(words, state, ctx)
         return logits[self.head], state, alphas[max(self.head - 1, 0)]
 
-    def forward(self, feats: Tensor, mask: Tensor, captions: Tensor, seq_per_img: int = 1,
-                sample_prob: float = 0.0) -> DecoderOutput:
-        ctx = expand_context(self.encode(feats, mask), seq_per_img)
+    def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
         state = self.init_state(ctx)
         per_step = []
         for t in range(captions.shape[1] - 1):
             words = captions[:, t]
-            if t > 0 and sample_prob > 0:
-                words = self._scheduled_words(words, per_step[-1][0][self.head], sample_prob)
+            if t > 0 and feed is not None:
+                words = feed(words, per_step[-1][0][self.head])
             logits, state, alphas = self.stage_step(words, state, ctx)
             per_step.append((logits, alphas))
         stage_logits = torch.stack([torch.stack([s[0][i] for s in per_step], 1)
@@ -152,11 +140,13 @@ class StackCap(Decoder):
         return DecoderOutput(stage_logits[self.head], stage_alphas[max(self.head - 1, 0)],
                              {"stage_logits": stage_logits, "stage_alphas": stage_alphas})
 
-    def regularizer(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
-                    loc_mask: Tensor, share: Share | None = None) -> Tensor:
-        """Intermediate supervision: the cross-entropy of every stage but the head (eq 10)."""
-        tokens = divisors(target_mask, share)[0]
+    def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                   loc_mask: Tensor) -> LossTerms:
+        """Intermediate supervision: the cross-entropy of every stage but the head (eq 10), summed
+        over tokens."""
+        terms = super().loss_terms(output, targets, target_mask, loc_mask)
         losses = [F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0,
-                                  reduction="sum") / tokens
+                                  reduction="sum")
                   for i, logits in enumerate(output.extras["stage_logits"]) if i != self.head]
-        return torch.stack(losses).sum()
+        terms.per_token = torch.stack(losses).sum()
+        return terms

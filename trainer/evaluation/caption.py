@@ -35,13 +35,13 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
                   extractor_for: Callable[[dict, str], Callable], *, beam_size: int = 5,
                   max_len: int = 16, attention: Path | None = None, device="cpu") -> list[Caption]:
     ckpt = load_checkpoint(checkpoint)
-    model, vocab = load_model(ckpt)
-    data = ckpt["experiment"]["data"]
+    model, vocab, config = load_model(ckpt)
     batches = []
     for store in ckpt["stores"]:
         records = extractor_for(store["meta"], store["path"])(list(paths))
-        batches.append(batch_from_records(records, store["meta"]["dtype"], data["max_regions"]))
-    feats, mask, boxes = combine(batches, data["box_geometry"])
+        batches.append(batch_from_records(records, store["meta"]["dtype"],
+                                          config.data.max_regions))
+    feats, mask, boxes = combine(batches, config.data.box_geometry)
     batch = EvalBatch(list(range(len(paths))), feats, mask, boxes)
     preds = predict(model.to(device), vocab, [batch], device, beam_size=beam_size, max_len=max_len)
     grid = (int(ckpt["stores"][0]["meta"]["grid"])

@@ -8,6 +8,7 @@ metrics, the reason of every unavailable metric, tokenizer, checkpoint),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import asdict
@@ -16,66 +17,78 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from pipeline.core.atomic import atomic_file
-from pipeline.core.errors import CapstackError
+from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
+from pipeline.core.atomic import write_json
+from pipeline.core.ranks import pick_device
 from trainer.checkpoint import check_identity, identity, load_checkpoint
-from trainer.data import Features, batches_of, check_coverage, eval_batches, load_captions
-from trainer.decoders import build_decoder, decoder_config
-from trainer.decoders.base import Decoder
+from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
+from trainer.data import Features, batches_of, check_coverage, eval_batches
+from trainer.decoders import build_decoder
+from trainer.decoders.base import Decoder, StagedDecoder
 from trainer.evaluation.figures import attention_figure, stages_figure, training_curves
 from trainer.evaluation.metrics import load_references, score
 from trainer.evaluation.predict import Prediction, predict
-from pipeline.core.ranks import pick_device
+from trainer.objectives import OBJECTIVES
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 50
 
 
-def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary]:
-    """The checkpoint's decoder (eval mode, CPU) and vocabulary, from the checkpoint alone."""
+def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary, ExperimentConfig]:
+    """The checkpoint's decoder (eval mode, CPU), vocabulary and experiment, from it alone."""
     vocab = Vocabulary.from_json(ckpt["vocab"], ckpt["path"])
-    ident = ckpt["identity"]
-    model = build_decoder(ident["decoder"], ident["decoder_config"], len(vocab), ckpt["feature_dim"])
+    config = experiment_from_dict(ckpt["experiment"], ckpt["path"])
+    model = build_decoder(config.decoder.name, config.decoder.config, len(vocab),
+                          ckpt["feature_dim"])
     model.load_state_dict(ckpt["model"])
-    return model.eval(), vocab
+    return model.eval(), vocab, config
 
 
-def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: str = "test",
-                        beam_size: int = 5, max_len: int = 16, figures: int = 4,
-                        device: str = "auto", spice: bool = True) -> dict:
+def eval_settings(saved: EvalConfig, **given) -> EvalConfig:
+    """The experiment's ``eval:`` settings, with those given on the command line (not None)."""
+    chosen = {**asdict(saved), **{k: v for k, v in given.items() if v is not None}}
+    return from_dict(EvalConfig, chosen, "capstack evaluate", "eval.")
+
+
+def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: str | None = None,
+                        beam_size: int | None = None, max_len: int | None = None,
+                        figures: int | None = None, device: str = "auto",
+                        spice: bool = True) -> dict:
+    """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given."""
     ckpt = load_checkpoint(checkpoint)
-    experiment = ckpt["experiment"]
-    captions = load_captions(experiment["data"]["captions"])
-    features = Features(experiment["data"]["features"], experiment["data"]["max_regions"],
-                        experiment["data"]["box_geometry"])
+    model, vocab, config = load_model(ckpt)
+    s = eval_settings(config.eval, split=split, beam_size=beam_size, max_len=max_len,
+                      figures=figures)
+    captions = load_captions(config.data.captions)
+    features = Features(config.data.features, config.data.max_regions, config.data.box_geometry)
     check_coverage(captions, features)
-    ident = ckpt["identity"]
-    values = asdict(decoder_config(ident["decoder"], ident["decoder_config"], ckpt["path"]))
-    check_identity(ident, identity(ident["decoder"], values, captions.vocab.itow,
-                                   features.describe()), Path(ckpt["path"]))
-    model, vocab = load_model(ckpt)
+    check_identity(ckpt["identity"], identity(config.decoder.name, asdict(config.decoder.config),
+                                              captions.vocab.itow, features.describe()),
+                   Path(ckpt["path"]))
     dev = pick_device(device)
-    preds = predict(model.to(dev), vocab, eval_batches(captions, features, split, EVAL_BATCH), dev,
-                    beam_size=beam_size, max_len=max_len)
+    preds = predict(model.to(dev), vocab, eval_batches(captions, features, s.split, EVAL_BATCH),
+                    dev, beam_size=s.beam_size, max_len=s.max_len)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = [{"image_id": p.image_id, "caption": " ".join(p.words)} for p in preds]
-    _write_json(out_dir / f"results_{split}.json", results)
-    references = load_references(captions.references_path(split))
+    write_json(out_dir / f"results_{s.split}.json",
+               [{"image_id": p.image_id, "caption": " ".join(p.words)} for p in preds])
+    references = load_references(captions.references_path(s.split))
     scores = score({p.image_id: " ".join(p.words) for p in preds}, references, spice=spice)
-    metrics = {"approach": experiment["name"], "objective": experiment["train"]["objective"],
-               **scores, "split": split, "beam_size": beam_size,
-               "checkpoint": ckpt["path"], "epoch": ckpt["best_epoch"] + 1}
-    _write_json(out_dir / "metrics.json", metrics)
-    _pictures(preds[:figures], features, captions, out_dir)
-    if hasattr(model, "heading") and figures:
-        _stage_pictures(model, vocab, [p.image_id for p in preds[:figures]], features, captions,
-                        out_dir, dev, max_len)
+    objective = OBJECTIVES.get(config.objective.name)
+    metrics = {"approach": config.name, "objective": config.objective.name,
+               "training": objective.label, "family": objective.family,
+               **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
+               "epoch": ckpt["best_epoch"] + 1}
+    write_json(out_dir / "metrics.json", metrics)
+    _pictures(preds[:s.figures], features, captions, out_dir)
+    if isinstance(model, StagedDecoder) and s.figures:
+        _stage_pictures(model, vocab, [p.image_id for p in preds[:s.figures]], features, captions,
+                        out_dir, dev, s.max_len)
     run_dir = Path(ckpt["path"]).parent
     if (run_dir / "metrics.jsonl").is_file():
         training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png",
-                        before=_starting_log(experiment["train"].get("init_from", "")))
+                        before=_starting_log(config.train.init_from))
     return metrics
 
 
@@ -135,14 +148,3 @@ def _image_files(features: Features, captions) -> dict[int, Path]:
             for entry in json.loads(listing.read_text()):
                 files[entry["image_id"]] = root / entry.get("filepath", "") / entry["filename"]
     return files
-
-
-def _write_json(path: Path, value) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(value, indent=1) + "\n")
-
-
-def check_split(split: str) -> str:
-    if split not in ("train", "val", "test"):
-        raise CapstackError(f"--split: expected train, val or test, got {split!r}")
-    return split

@@ -1,8 +1,10 @@
 """The papers' comparison table: one row per approach, metrics in percent.
 
-Each row says how its model was trained (``Training``: XE, SCST or C2F, from
-the ``objective`` evaluate records). Rows of both kinds make two blocks, as in
-Stack-Cap's Tables 1 and 2: cross-entropy first, then reinforcement.
+Each row says how its model was trained (``Training``: the objective's label,
+XE, SCST, C2F, which evaluate records with the objective's family). Rows of
+several families make one block each, as in Stack-Cap's Tables 1 and 2:
+cross-entropy first, then reinforcement. The report reads metrics.json files
+only; it knows no objective.
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ COLUMNS = ["Approach", "Training", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-
            "SPICE"]
 NA = "n/a"
 METRIC_COLUMNS = COLUMNS[2:]
-TRAINING = {"xe": "XE", "scst": "SCST", "c2f": "C2F"}  # train.objective -> the Training column
-BLOCKS = [("Cross-entropy training", ("XE",)),
-          ("Reinforcement with CIDEr-D rewards (SCST; C2F for Stack-Cap)", ("SCST", "C2F")),
-          ("Training not recorded", ("",))]
+FAMILIES = {"cross-entropy": "Cross-entropy training",  # an objective's family -> its block
+            "reinforcement": "Reinforcement with CIDEr-D rewards",
+            "": "Training not recorded"}
 
 # table column -> metric name in score()'s "metrics" dict
 _METRIC_OF = dict(zip(METRIC_COLUMNS, ALL_METRICS))
@@ -38,22 +39,30 @@ def _percent(value: Any) -> float | str:
     return round(float(value) * 100, 1)
 
 
+def _block_order(family: str) -> int:
+    """Cross-entropy, then reinforcement, then other families, then rows without one."""
+    known = [f for f in FAMILIES if f]
+    return known.index(family) if family in known else len(known) + (family == "")
+
+
 def metrics_table(rows: list[tuple]) -> pd.DataFrame:
-    """One row per (approach, score()["metrics"][, training]); columns exactly COLUMNS.
+    """One row per (approach, score()["metrics"][, training[, family]]); columns exactly COLUMNS.
 
-    Rows are ordered block by block (XE, then RL), in the given order within a block.
+    Rows are ordered block by block (cross-entropy, then reinforcement, ...), in the given
+    order within a block; ``table.attrs["families"]`` holds each row's family.
     """
-    records = [[approach, training[0] if training else ""]
-               + [_percent(metrics.get(_METRIC_OF[c])) for c in METRIC_COLUMNS]
-               for approach, metrics, *training in rows]
-    order = {kind: k for k, (_, kinds) in enumerate(BLOCKS) for kind in kinds}
-    records.sort(key=lambda r: order.get(r[1], len(BLOCKS)))
-    return pd.DataFrame(records, columns=COLUMNS, dtype=object)
+    rows = sorted([(approach, metrics, *(list(rest) + ["", ""])[:2])
+                   for approach, metrics, *rest in rows], key=lambda r: _block_order(r[3]))
+    table = pd.DataFrame([[approach, training]
+                          + [_percent(metrics.get(_METRIC_OF[c])) for c in METRIC_COLUMNS]
+                          for approach, metrics, training, _ in rows], columns=COLUMNS, dtype=object)
+    table.attrs["families"] = [family for *_, family in rows]
+    return table
 
 
-def training_of(doc: dict) -> str:
-    """XE, SCST or C2F from a metrics.json's ``objective`` ("" when it has none)."""
-    return TRAINING.get(doc.get("objective") or "", str(doc.get("objective") or ""))
+def training_of(doc: dict) -> tuple[str, str]:
+    """(label, family) of a metrics.json's objective, as evaluate recorded them ("" if not)."""
+    return str(doc.get("training") or ""), str(doc.get("family") or "")
 
 
 def _is_number(value: Any) -> bool:
@@ -108,10 +117,10 @@ def _unavailable_lines(docs: list[dict]) -> list[str]:
 
 
 def _kept_start_lines(docs: list[dict]) -> list[str]:
-    """RL rows whose best checkpoint is still the XE one they started from (epoch 0), said."""
-    return [f"{d['approach']} ({training_of(d)}): no RL epoch beat its XE start on validation "
-            f"CIDEr; the row is that start checkpoint"
-            for d in docs if training_of(d) in ("SCST", "C2F") and d.get("epoch") == 0]
+    """Rows whose best checkpoint is still the one their run started from (epoch 0), said."""
+    return [f"{d['approach']} ({training_of(d)[0]}): no epoch beat the checkpoint it started "
+            f"from on validation CIDEr; the row is that start checkpoint"
+            for d in docs if d.get("epoch") == 0]
 
 
 def _cell(value: Any) -> str:
@@ -126,20 +135,26 @@ def _markdown_rows(table: pd.DataFrame) -> list[str]:
                     for row in table.itertuples(index=False)]
 
 
+def _blocks(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows) per family present, in the table's (block) order."""
+    families = table.attrs.get("families") or [""] * len(table)
+    present = list(dict.fromkeys(families))
+    return [(FAMILIES.get(f, f"{f.capitalize()} training"),
+             table[[g == f for g in families]]) for f in present]
+
+
 def markdown(table: pd.DataFrame, notes: list[str]) -> str:
     """Markdown tables (header, |---| row, rows), one per block when rows of several blocks
     are present, each under its bold title; then one note line per unavailable metric."""
-    blocks = [(title, table[table["Training"].isin(kinds)]) for title, kinds in BLOCKS]
-    blocks = [(title, rows) for title, rows in blocks if len(rows)]
-    known = {kind for _, kinds in BLOCKS for kind in kinds}
-    if any(value not in known for value in table["Training"]):
-        blocks.append(("Other training", table[~table["Training"].isin(known)]))
+    blocks = _blocks(table)
     if len(blocks) == 1:
         lines = _markdown_rows(table)
     else:
         lines = []
         for title, rows in blocks:
-            lines += ([""] if lines else []) + [f"**{title}**", ""] + _markdown_rows(rows)
+            labels = list(dict.fromkeys(rows["Training"]))
+            titled = f"{title} ({', '.join(labels)})" if len(labels) > 1 else title
+            lines += ([""] if lines else []) + [f"**{titled}**", ""] + _markdown_rows(rows)
     if notes:
         lines += [""] + notes
     return "\n".join(lines) + "\n"
@@ -150,7 +165,7 @@ def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
     docs = [_read_metrics_doc(p) for p in metric_files]
-    table = metrics_table([(d["approach"], d["metrics"], training_of(d)) for d in docs])
+    table = metrics_table([(d["approach"], d["metrics"], *training_of(d)) for d in docs])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"

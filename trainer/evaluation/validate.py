@@ -11,7 +11,8 @@ from contextlib import nullcontext
 import torch
 
 from pipeline.core.ranks import Ranks
-from trainer.data import Captions, Features, batches_of
+from pipeline.captions.prepared import Captions
+from trainer.data import Features, batches_of
 from trainer.decoders.base import Decoder
 from trainer.evaluation.metrics import cider, load_references, simple_tokenize
 from trainer.evaluation.predict import predict

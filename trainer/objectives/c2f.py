@@ -9,6 +9,9 @@ head and w-hat_i its greedy decode,
 The coarse stage (i = 0) has no term of its own (eq 11 starts at i = 1); it
 learns through the fine stages' theta_{0:i}. ``coarse_term`` adds a plain
 self-critical term for it (off by default).
+
+It needs a staged decoder (stack_cap, stack_cap_star), which the experiment
+file is checked for when it is read: ``objective: {name: c2f, cider_cache: FILE}``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import CapstackError
-from trainer.decode import SamplingNoise, greedy, sample
-from trainer.decoders.base import Decoder
-from trainer.objectives.scst import generated_mask, mean_part, scst_loss, words_and_lengths
-from trainer.objectives.share import Share
+from trainer.decode import sample
+from trainer.decoders.base import StagedDecoder
+from trainer.objectives import OBJECTIVES
+from trainer.objectives.base import Objective, Setting, StepKey
+from trainer.objectives.scst import (cider_reward, generated_mask, greedy_decode, mean_part,
+                                     scst_loss, words_and_lengths)
 
 
 def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:
@@ -33,47 +37,58 @@ def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarra
 
 
 @dataclass
-class CoarseToFine:
-    scorer: object  # CiderD (anything with score(image_ids, words, lengths))
-    samples: int = 1
-    max_len: int = 16
-    coarse_term: bool = False
+class CoarseToFineConfig:
+    cider_cache: str  # the `capstack cider-cache` file of the train split (the rewards)
+    samples: int = 5  # sampled captions per image and stage
+    coarse_term: bool = False  # add a self-critical term for the coarse stage
 
-    def loss(self, model: Decoder, feats: Tensor, mask: Tensor, image_ids: list[int],
-             share: Share | None = None, noise: SamplingNoise | None = None) -> tuple[Tensor, dict]:
-        if not hasattr(model, "heading"):
-            raise CapstackError(f"train.objective c2f needs a coarse-to-fine decoder "
-                                f"(stack_cap, stack_cap_star), got {type(model).__name__}")
+    def check(self):
+        if self.samples < 1:
+            yield "samples: must be at least 1"
+
+
+@OBJECTIVES.register("c2f")
+class CoarseToFine(Objective):
+    """Stack-Cap's coarse-to-fine reward: each fine stage against its greedy decode and the stage before."""
+
+    Config = CoarseToFineConfig
+    label = "C2F"
+    family = "reinforcement"
+    decoder_type = StagedDecoder
+    find_unused_parameters = True  # the coarse stage's output layer is in no term (eq 11)
+
+    def __init__(self, config: CoarseToFineConfig, setting: Setting, scorer=None):
+        super().__init__(config, setting)
+        self.scorer = scorer or cider_reward(config.cider_cache, setting.captions)
+
+    def loss(self, decoder: StagedDecoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()
-        ids = np.repeat(np.asarray(image_ids), self.samples)
+        s, max_len, share = self.config.samples, self.setting.max_len, batch.share
+        noise = key.sampling_noise(share, s)
+        ids = np.repeat(np.asarray(batch.image_ids), s)
         drawn, greedy_tokens = [], []
-        for stage in range(model.stages):
-            with model.heading(stage):
-                drawn.append(sample(model, model.encode(feats, mask), self.max_len,
-                                    n=self.samples, noise=noise and noise.child(stage)))
-                with torch.no_grad():
-                    was_training = model.training
-                    model.eval()
-                    decoded = greedy(model, model.encode(feats, mask), self.max_len).tokens
-                    model.train(was_training)
-                greedy_tokens.append(np.repeat(decoded.cpu().numpy(), self.samples, axis=0))
+        for stage in range(decoder.stages):
+            with decoder.heading(stage):
+                drawn.append(sample(decoder, decoder.encode(batch.feats, batch.mask), max_len,
+                                    n=s, noise=noise.child(stage)))
+                decoded = greedy_decode(decoder, batch.feats, batch.mask, max_len)
+                greedy_tokens.append(np.repeat(decoded.cpu().numpy(), s, axis=0))
         sampled_at = time.perf_counter()
         r_sample = np.stack([self.scorer.score(ids, *words_and_lengths(d.tokens)) for d in drawn])
         r_greedy = np.stack([self.scorer.score(ids, *words_and_lengths(torch.from_numpy(g)))
                              for g in greedy_tokens])
         advantages = c2f_advantages(r_sample, r_greedy)  # [Nf, N]
         scored_at = time.perf_counter()
-        terms = [(drawn[i], advantages[i - 1]) for i in range(1, model.stages)]
-        if self.coarse_term:
+        terms = [(drawn[i], advantages[i - 1]) for i in range(1, decoder.stages)]
+        if self.config.coarse_term:
             terms.append((drawn[0], r_sample[0] - r_greedy[0]))
         device = drawn[0].logprobs.device
         loss = torch.stack([scst_loss(d.logprobs, generated_mask(d.tokens),
                                       torch.as_tensor(a, dtype=torch.float32, device=device), share)
                             for d, a in terms]).sum()
-        s = self.samples
         stats = {"reward": mean_part(r_sample[-1], s, share),
                  "baseline": mean_part(r_greedy[-1], s, share),
                  "time_sample": sampled_at - started, "time_reward": scored_at - sampled_at}
         stats.update({f"reward_stage{i}": mean_part(r_sample[i], s, share)
-                      for i in range(model.stages)})
+                      for i in range(decoder.stages)})
         return loss, stats

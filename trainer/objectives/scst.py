@@ -7,25 +7,30 @@ the cached training references, and the baseline ``b`` either the reward of the
 model's own greedy decode (``baseline="greedy"``) or, with several samples per
 image, the mean reward of the image's *other* samples (``"mean"``; the greedy
 decode is then skipped). It is ``decode.sample`` + ``rewards.cider`` + this loss.
+
+An experiment asks for it with ``objective: {name: scst, cider_cache: FILE,
+samples: 5, baseline: greedy}``, usually after cross-entropy
+(``train.init_from``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.core.errors import CapstackError
 from pipeline.captions.vocab import EOS_ID
-from trainer.decode import SamplingNoise, greedy, sample
+from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
-from trainer.rewards.cider import CiderD
+from trainer.objectives import OBJECTIVES
+from trainer.objectives.base import Objective, Setting, StepKey
 from trainer.objectives.share import Share
-
-BASELINES = ("greedy", "mean")
+from pipeline.core.errors import CapstackError
+from trainer.rewards.cider import CiderD
 
 
 def words_and_lengths(tokens: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +52,7 @@ def mean_of_others(rewards: np.ndarray) -> np.ndarray:
     """[B, S] -> each sample's baseline: the mean reward of the image's other samples."""
     s = rewards.shape[1]
     if s < 2:
-        raise CapstackError("scst baseline 'mean' needs at least 2 samples per image")
+        raise ValueError("the mean of the other samples needs at least 2 samples per image")
     return (rewards.sum(1, keepdims=True) - rewards) / (s - 1)
 
 
@@ -68,45 +73,78 @@ def mean_part(values: np.ndarray, per_image: int, share: Share | None) -> float:
     return float(values.sum()) * share.weight / (share.images * per_image)
 
 
+def cider_reward(path: str, captions) -> CiderD:
+    """The cached CIDEr-D references of ``path``, refused when made from other data than the
+    prepared ``captions`` trained on (another vocabulary, or a train split it lacks)."""
+    scorer = CiderD.load(path)
+    if scorer.vocab_digest() != captions.vocab.digest():
+        raise CapstackError(f"{path}: built with another vocabulary than {captions.folder} "
+                            f"(rebuild it: capstack cider-cache)")
+    lacking = np.setdiff1d(captions.image_ids[captions.rows("train")], scorer.image_ids)
+    if len(lacking):
+        raise CapstackError(f"{path}: has no references for image {lacking[0]} of "
+                            f"{captions.folder}'s train split (another dataset?)")
+    return scorer
+
+
+def greedy_decode(decoder: Decoder, feats: Tensor, mask: Tensor, max_len: int) -> Tensor:
+    """The decoder's greedy captions [B, T], in evaluation mode (no dropout), without gradients."""
+    with torch.no_grad():
+        was_training = decoder.training
+        decoder.eval()
+        tokens = greedy(decoder, decoder.encode(feats, mask), max_len).tokens
+        decoder.train(was_training)
+    return tokens
+
+
 @dataclass
-class SelfCritical:
-    scorer: CiderD
-    samples: int = 5
-    baseline: str = "greedy"
-    max_len: int = 16
+class SelfCriticalConfig:
+    cider_cache: str  # the `capstack cider-cache` file of the train split (the rewards)
+    samples: int = 5  # sampled captions per image
+    baseline: Literal["greedy", "mean"] = "greedy"  # mean: of the image's other samples
     temperature: float = 1.0
 
-    def __post_init__(self):
-        if self.baseline not in BASELINES:
-            raise CapstackError(f"train.scst_baseline: expected one of {', '.join(BASELINES)}, "
-                                f"got {self.baseline!r}")
+    def check(self):
+        if self.samples < 1:
+            yield "samples: must be at least 1"
         if self.baseline == "mean" and self.samples < 2:
-            raise CapstackError("train.scst_baseline 'mean' needs train.scst_samples >= 2")
+            yield f"baseline: 'mean' (of the image's other samples) needs samples >= 2, got {self.samples}"
+        if self.temperature <= 0:
+            yield "temperature: must be positive"
 
-    def loss(self, model: Decoder, feats: Tensor, mask: Tensor, image_ids: list[int],
-             share: Share | None = None, noise: SamplingNoise | None = None) -> tuple[Tensor, dict]:
+
+@OBJECTIVES.register("scst")
+class SelfCritical(Objective):
+    """Self-critical sequence training: CIDEr-D of samples against the greedy decode (or the mean)."""
+
+    Config = SelfCriticalConfig
+    label = "SCST"
+    family = "reinforcement"
+
+    def __init__(self, config: SelfCriticalConfig, setting: Setting, scorer: CiderD | None = None):
+        super().__init__(config, setting)
+        self.scorer = scorer or cider_reward(config.cider_cache, setting.captions)
+
+    def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()
-        s = self.samples
-        drawn = sample(model, model.encode(feats, mask), self.max_len, self.temperature, n=s,
-                       noise=noise)
+        s, feats, mask = self.config.samples, batch.feats, batch.mask
+        drawn = sample(decoder, decoder.encode(feats, mask), self.setting.max_len,
+                       self.config.temperature, n=s, noise=key.sampling_noise(batch.share, s))
         greedy_words = None
-        if self.baseline == "greedy":
-            with torch.no_grad():
-                was_training = model.training
-                model.eval()
-                greedy_words = greedy(model, model.encode(feats, mask), self.max_len).tokens
-                model.train(was_training)
+        if self.config.baseline == "greedy":
+            greedy_words = greedy_decode(decoder, feats, mask, self.setting.max_len)
         sampled_at = time.perf_counter()
-        ids = np.repeat(np.asarray(image_ids), s)
+        ids = np.repeat(np.asarray(batch.image_ids), s)
         rewards = self.scorer.score(ids, *words_and_lengths(drawn.tokens)).reshape(-1, s)
         if greedy_words is None:
             base = mean_of_others(rewards)
         else:
-            base = np.repeat(self.scorer.score(image_ids, *words_and_lengths(greedy_words)),
+            base = np.repeat(self.scorer.score(batch.image_ids, *words_and_lengths(greedy_words)),
                              s).reshape(-1, s)
         scored_at = time.perf_counter()
         advantage = torch.as_tensor((rewards - base).reshape(-1), dtype=torch.float32,
                                     device=drawn.logprobs.device)
+        share = batch.share
         loss = scst_loss(drawn.logprobs, generated_mask(drawn.tokens), advantage, share)
         return loss, {"reward": mean_part(rewards, s, share),
                       "baseline": mean_part(base, s, share),

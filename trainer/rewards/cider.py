@@ -214,16 +214,3 @@ def _padded(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     for k, t in enumerate(token_lists):
         tokens[k, :len(t)] = t
     return tokens, lengths
-
-
-def build_cache(prepared: str | Path, split: str, out: str | Path) -> CiderD:
-    """The cached CIDEr-D references of a prepared dataset's split (the RL reward's stage)."""
-    from trainer.data import load_captions
-    from trainer.evaluation.metrics import load_references, simple_tokenize
-
-    captions = load_captions(prepared)
-    references = load_references(captions.references_path(split))
-    tokenized = {i: [simple_tokenize(c) for c in caps] for i, caps in references.items()}
-    scorer = CiderD.from_references(tokenized, captions.vocab.itow)
-    scorer.save(out)
-    return scorer

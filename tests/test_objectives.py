@@ -1,0 +1,134 @@
+"""Objectives as components: an objective that owns a module and a second optimiser is saved in
+every checkpoint and restored by an exact resume (the mechanism HACap's discriminator uses)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.captions.prepared import load_captions
+from trainer.checkpoint import load_checkpoint
+from trainer.config import load_experiment
+from trainer.objectives import OBJECTIVES
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
+from trainer.train import Run, train
+from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+
+
+@dataclass
+class CriticConfig(CrossEntropyConfig):
+    critic_lr: float = 0.05
+
+
+@OBJECTIVES.register("test_xe_with_critic")
+class CriticizedCrossEntropy(CrossEntropy):
+    """Cross-entropy, and a critic that learns to predict each batch's loss with its own Adam."""
+
+    Config = CriticConfig
+    label = "XE+critic"
+
+    def __init__(self, config: CriticConfig, setting):
+        super().__init__(config, setting)
+        self.critic = nn.Linear(2, 1)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=config.critic_lr)
+        self.steps_seen = 0
+        self._seen = None
+
+    def loss(self, decoder, batch, key):
+        loss, stats = super().loss(decoder, batch, key)
+        summary = torch.stack([batch.feats.abs().mean(), batch.mask.float().mean()])
+        self._seen = (summary.detach(), loss.detach())
+        return loss, stats
+
+    def after_step(self, decoder, batch, key) -> dict:
+        summary, target = self._seen
+        critic_loss = (self.critic(summary[None]).squeeze() - target) ** 2
+        self.critic_optimizer.zero_grad()
+        critic_loss.backward()
+        self.critic_optimizer.step()
+        self.steps_seen += 1
+        return {**super().after_step(decoder, batch, key), "critic_loss": critic_loss.item()}
+
+    def modules(self):
+        return {"critic": self.critic}
+
+    def optimizers(self):
+        return {"critic": self.critic_optimizer}
+
+    def extra_state(self):
+        return {"steps_seen": self.steps_seen}
+
+    def load_extra_state(self, state):
+        self.steps_seen = state["steps_seen"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("objectives")
+    _, prepared = make_prepared(root, n_train=10, n_val=4, n_test=2)
+    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+    return prepared, store
+
+
+def logged(run_dir, key):
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x[key] for x in lines if x["kind"] == "train"]
+
+
+def test_an_objective_with_its_own_optimiser_resumes_exactly(data, tmp_path):
+    prepared, store = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[store], epochs=3, log_every=1,
+                            objective={"name": "test_xe_with_critic", "critic_lr": 0.05})
+    train(load_experiment(path), tmp_path / "whole", progress=False)
+    train(load_experiment(path, ["train.epochs=1"]), tmp_path / "split", progress=False)
+    resumed = train(load_experiment(path), tmp_path / "split", progress=False)
+    assert resumed.resumed_at == (1, 0)
+    assert logged(tmp_path / "split", "loss") == logged(tmp_path / "whole", "loss")
+    assert logged(tmp_path / "split", "critic_loss") == logged(tmp_path / "whole", "critic_loss")
+    whole, split = (load_checkpoint(tmp_path / run / "last.pt")["objective"]
+                    for run in ("whole", "split"))
+    assert whole["extra"] == split["extra"] == {"steps_seen": 9}  # 3 batches x 3 epochs
+    for name, tensor in whole["modules"]["critic"].items():
+        assert torch.equal(tensor, split["modules"]["critic"][name])
+    moments = whole["optimizers"]["critic"]["state"][0]["exp_avg"]
+    assert torch.equal(moments, split["optimizers"]["critic"]["state"][0]["exp_avg"])
+
+
+def test_the_critic_learns_with_its_optimiser_and_the_decoder_with_the_loops(data, tmp_path):
+    """The decoder's optimiser holds the decoder's parameters only; the critic moves by its own."""
+    prepared, store = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[store], epochs=1,
+                            objective={"name": "test_xe_with_critic"})
+    run = Run(load_experiment(path), tmp_path / "run")
+    decoder_params = {id(p) for p in run.model.parameters()}
+    in_optimizer = {id(p) for group in run.optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == decoder_params
+    critic_before = run.objective.critic.weight.detach().clone()
+    for batch in run.batches.epoch(0):
+        stats = run.train_step(batch)
+    assert "critic_loss" in stats and not torch.equal(critic_before, run.objective.critic.weight)
+
+
+def test_a_changed_objective_setting_is_another_run(data, tmp_path):
+    prepared, store = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[store], epochs=1, objective={"name": "test_xe_with_critic"})
+    train(load_experiment(path), tmp_path / "run", progress=False)
+    from pipeline.core.errors import CapstackError
+
+    with pytest.raises(CapstackError, match=r"objective.critic_lr: the run was trained with 0.05"):
+        train(load_experiment(path, ["objective.critic_lr=0.1", "train.epochs=2"]),
+              tmp_path / "run", progress=False)
+
+
+def test_objectives_command_lists_the_registered_objectives(capstack):
+    lines = capstack("objectives").output.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert {"xe", "scst", "c2f"} <= set(names)
+    assert all(len(line.split(None, 1)) == 2 for line in lines)

@@ -1,0 +1,132 @@
+"""What every objective is: a registered component that says what one training step minimises.
+
+An objective is chosen by name from the experiment file (``objective: {name:
+scst, samples: 5}``), with its own config dataclass. It declares what it needs
+of a decoder (``decoder_type``: C2F needs a :class:`StagedDecoder`) and of DDP
+(``find_unused_parameters``), which the experiment and the loop read; the loop
+never branches on its name.
+
+Per step the loop calls, in order::
+
+    loss, stats = TrainingLoss(decoder, objective)(batch, key)   # what DDP wraps
+    ... backward and the decoder's optimiser step ...
+    stats |= objective.after_step(decoder, batch, key)         # state updates, own optimisers
+
+Losses divide sums by the global batch's counts (``batch.share``,
+trainer/objectives/share.py), so the losses of all ranks add up to the
+one-process loss. Statistics follow the same rule and are summed over ranks,
+except the ``time_*`` ones, which are this rank's own seconds.
+
+An objective may own modules (a discriminator), optimisers and state of its
+own: :meth:`Objective.modules`, :meth:`Objective.optimizers` and
+:meth:`Objective.extra_state` are saved in every checkpoint and restored by an
+exact resume (:meth:`Objective.state_dict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from trainer.decode import SamplingNoise
+from trainer.decoders.base import Decoder
+
+if TYPE_CHECKING:
+    from pipeline.captions.prepared import Captions
+    from trainer.data import TrainBatch
+    from trainer.objectives.share import Share
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """Which step this is: what a step's random draws are a function of (exact resume, DDP)."""
+
+    seed: int
+    epoch: int
+    batch: int
+
+    def sampling_noise(self, share: "Share", per_image: int, *key: int) -> SamplingNoise:
+        """The uniforms of ``per_image`` samples of every image of the global batch, this rank's
+        rows: the same draws for an image whichever rank samples it."""
+        return SamplingNoise((self.seed, self.epoch, self.batch, *key), share.images * per_image,
+                             share.first * per_image)
+
+
+@dataclass
+class Setting:
+    """What a run gives its objective to build on."""
+
+    captions: "Captions"  # the prepared captions trained on (vocabulary, train split)
+    max_len: int  # decoding length of samples and greedy decodes
+    device: torch.device = torch.device("cpu")
+
+
+class Objective:
+    """Subclasses set ``Config``, ``label``, ``family`` and implement :meth:`loss`."""
+
+    Config: ClassVar[type]
+    label: ClassVar[str]  # the Training column of the tables: XE, SCST, C2F
+    family: ClassVar[str]  # the tables' block: cross-entropy, reinforcement, ...
+    decoder_type: ClassVar[type] = Decoder  # what it needs of a decoder
+    find_unused_parameters: ClassVar[bool] = False  # DDP: the loss leaves some parameters out
+
+    def __init__(self, config, setting: Setting):
+        self.config, self.setting = config, setting
+
+    def loss(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
+        """This rank's part of the global batch's loss, and its statistics."""
+        raise NotImplementedError
+
+    def after_step(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> dict:
+        """After the decoder's optimiser step: explicit state updates, the objective's own
+        optimisers' steps; more statistics."""
+        return {}
+
+    # -- what the objective owns besides the decoder: checkpointed, restored on resume
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {}
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"modules": {k: m.state_dict() for k, m in self.modules().items()},
+                "optimizers": {k: o.state_dict() for k, o in self.optimizers().items()},
+                "extra": self.extra_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, module in self.modules().items():
+            module.load_state_dict(state["modules"][name])
+        for name, optimizer in self.optimizers().items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.load_extra_state(state.get("extra", {}))
+
+    def to(self, device: torch.device) -> "Objective":
+        for module in self.modules().values():
+            module.to(device)
+        return self
+
+
+class TrainingLoss(nn.Module):
+    """The module DistributedDataParallel wraps: its parameters are the decoder's, its forward
+    the objective's whole loss (RL samples step by step through ``decoder.step``, which DDP
+    must see inside one forward)."""
+
+    def __init__(self, decoder: Decoder, objective: Objective):
+        super().__init__()
+        self.decoder = decoder
+        self.objective = objective  # not a module: its own modules are not the decoder's
+
+    def forward(self, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
+        loss, stats = self.objective.loss(self.decoder, batch, key)
+        return loss * batch.share.weight, stats

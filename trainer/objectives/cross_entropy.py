@@ -1,0 +1,95 @@
+"""Cross-entropy (teacher forcing), with optional scheduled sampling, plus the decoder's own terms.
+
+    L = sum_t -log p(y_t | y_<t, V) / tokens  +  decoder terms per token / tokens
+                                              +  decoder terms per caption / captions
+
+with the counts of the global batch (trainer/objectives/share.py). Scheduled
+sampling (Bengio et al.; the reference implementations' ``ss_prob``) feeds,
+with a probability rising by epoch, the model's own sample of the previous
+step instead of the caption's word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trainer.decoders.base import Decoder, expand_context
+from trainer.objectives import OBJECTIVES
+from trainer.objectives.base import Objective, StepKey
+
+
+@dataclass
+class CrossEntropyConfig:
+    scheduled_sampling_start: int = -1  # epoch; -1 disables
+    scheduled_sampling_increase_every: int = 5  # epochs
+    scheduled_sampling_increase: float = 0.05
+    scheduled_sampling_max: float = 0.25
+
+    def probability(self, epoch: int) -> float:
+        """The chance that an input word is the model's own sample, in ``epoch``."""
+        if self.scheduled_sampling_start < 0 or epoch < self.scheduled_sampling_start:
+            return 0.0
+        rises = (epoch - self.scheduled_sampling_start) // max(
+            self.scheduled_sampling_increase_every, 1)
+        return min(self.scheduled_sampling_increase * rises, self.scheduled_sampling_max)
+
+
+def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """-log p of every real target token (<eos> included, <pad> ignored), summed."""
+    return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0,
+                           reduction="sum")
+
+
+class ScheduledSampling:
+    """A decoder's word feed: each input word is, with probability ``prob``, the model's own
+    sample from the previous step's logits instead of the caption's word."""
+
+    def __init__(self, prob: float):
+        self.prob = prob
+
+    def __call__(self, words: Tensor, previous_logits: Tensor) -> Tensor:
+        use_sample = torch.rand(words.shape[0], device=words.device) < self.prob
+        if not use_sample.any():
+            return words
+        probs = torch.softmax(previous_logits.detach().float(), -1)
+        return torch.where(use_sample, torch.multinomial(probs, 1).squeeze(1), words)
+
+
+@OBJECTIVES.register("xe")
+class CrossEntropy(Objective):
+    """Cross-entropy of the reference captions (teacher forcing), plus the decoder's own terms."""
+
+    Config = CrossEntropyConfig
+    label = "XE"
+    family = "cross-entropy"
+
+    def __init__(self, config: CrossEntropyConfig, setting):
+        super().__init__(config, setting)
+        self._observed: dict[str, Tensor] = {}
+
+    def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
+        captions = batch.captions[:, :int((batch.captions != 0).sum(1).max())]  # drop pad columns
+        targets = captions[:, 1:]
+        ctx = expand_context(decoder.encode(batch.feats, batch.mask), batch.seq_per_img)
+        prob = self.config.probability(key.epoch)
+        output = decoder(ctx, captions, ScheduledSampling(prob) if prob > 0 else None)
+        share = batch.share
+        xe = token_cross_entropy(output.logits, targets) / share.tokens
+        terms = decoder.loss_terms(output, targets, targets != 0,
+                                   batch.mask.repeat_interleave(batch.seq_per_img, 0))
+        self._observed = {k: v.detach() for k, v in terms.observed.items()}
+        loss = xe + terms.per_token / share.tokens + terms.per_caption / share.captions
+        return loss, {"xe": xe.item() * share.weight}
+
+    def after_step(self, decoder: Decoder, batch, key: StepKey) -> dict:
+        """The decoder's state follows the global batch's means of what its terms observed."""
+        if self._observed:
+            share = batch.share
+            decoder.update({k: share.total(v * share.weight) / share.captions
+                            for k, v in self._observed.items()})
+            self._observed = {}
+        return {}
