@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # pip on this kind of machine warns about every local index folder it skips: keep the output readable.
 QUIET_PIP := sed -u "/is ignored: it is neither a file nor a directory/d"
 
-.PHONY: demo test install bench clean-demo
+.PHONY: demo test test-slow install bench clean-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+test-slow: install  # the tests marked slow: torchrun jobs, killed runs, whole pipelines
+	$(BIN)/python -m pytest -q -m slow
 
 bench: install
 	$(BIN)/python benchmarks/stage_engine.py

@@ -394,18 +394,22 @@ def inspect_cmd(store, fmt, as_json):
 
     reader = open_store(read_pointer(store), fmt)
     sample = reader.get(int(reader.ids()[0])) if len(reader) else None
-    shapes = {} if sample is None else {
-        name: list(getattr(sample, name).shape) for name in
-        ("features", "boxes", "scores", "classes") if getattr(sample, name) is not None}
+    shapes = {} if sample is None else {name: list(a.shape) for name, a in sample.fields.items()}
     if as_json:
         click.echo(json.dumps({"path": str(reader.path), "meta": reader.meta,
                                "sample_record": shapes}, indent=2))
         return
     click.echo(f"{reader.path}")
+    click.echo(f"  {'record':18s} {reader.schema.describe()}")
+    for name, spec in reader.meta["fields"].items():
+        click.echo(f"    {name:16s} {spec['shape']} {spec['dtype']}")
+    producer = reader.meta["producer"]
+    click.echo(f"  {'producer':18s} {producer['name']}")
+    for key, value in {**producer["settings"], **producer["about"]}.items():
+        click.echo(f"    {key:16s} {value}")
     for key, value in reader.meta.items():
-        if key in ("skipped", "settings"):
-            continue
-        click.echo(f"  {key:18s} {value}")
+        if key not in ("skipped", "fields", "producer", "grid"):
+            click.echo(f"  {key:18s} {value}")
     skipped = reader.meta.get("skipped", {})
     click.echo(f"  {'skipped':18s} {len(skipped)}")
     for image_id, reason in list(skipped.items())[:20]:
@@ -432,7 +436,7 @@ def verify_cmd(store, dataset_json):
 @main.command("stores")
 @click.option("--features-root", type=click.Path(file_okay=False, path_type=Path), default=None)
 def stores_cmd(features_root):
-    """The stores under the shared root: kind, size, count, and who uses them."""
+    """The stores under the shared root: what a record holds, size, count, and who uses them."""
     from pipeline.features.extract.job import features_root as resolve_root
     from pipeline.features.catalog import list_stores
 

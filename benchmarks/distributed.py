@@ -63,8 +63,9 @@ def prepare_training(folder: Path, steps: int) -> Path:
                          size=32)
     prepare_captions(folder / "shapes" / "dataset_shapes.json", folder / "prepared", min_count=1)
     rng = np.random.default_rng(0)
-    meta = {"kind": "regions", "extractor": "benchmark", "backbone": "none", "weights": "random",
-            "weights_md5": "random", "feature_dim": 2048, "dtype": "float16",
+    from pipeline.features.extract.region_extraction import region_schema
+
+    meta = {**region_schema(2048, "float16").to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}
     boxes = np.tile(np.array([[0, 0, 10, 10]], np.float32), (36, 1))
     with create_writer(folder / "regions.lmdb", meta) as writer:

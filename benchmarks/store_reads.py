@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler  # noqa: E402
 
-from pipeline.features.stores import Record, create_writer, open_store  # noqa: E402
+from pipeline.features.stores import Record, Schema, create_writer, field, open_store  # noqa: E402
 from pipeline.features.stores.buffer import BatchBuffer  # noqa: E402
 from pipeline.features.stores.lmdb import _HEADER, _record_key, shared_env  # noqa: E402
 
@@ -57,8 +57,7 @@ def shared_empty(shape, dtype):
 
 def write(path: Path, n: int, rows: int, dim: int) -> list[int]:
     rng = np.random.default_rng(0)
-    meta = {"kind": "grid", "extractor": "benchmark", "backbone": "none", "weights": "random",
-            "weights_md5": "random", "feature_dim": dim, "dtype": "float16",
+    meta = {**Schema((field("features", (dim,), "float16"),)).to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}
     block = rng.standard_normal((rows, dim)).astype(np.float16)
     with create_writer(path, meta) as w:

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pipeline.features.stores import Record, create_writer  # noqa: E402
+from pipeline.features.extract.region_extraction import region_schema  # noqa: E402
+from pipeline.features.stores import Record, Schema, create_writer, field  # noqa: E402
 from pipeline.captions.prepared import Captions  # noqa: E402
 from trainer.data import Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
@@ -52,8 +53,9 @@ def synthetic_captions(n_images: int, rng) -> Captions:
 
 
 def synthetic_store(path: Path, n_images: int, rows: int, dim: int, kind: str, rng) -> Path:
-    meta = {"kind": kind, "extractor": "benchmark", "backbone": "none", "weights": "random",
-            "weights_md5": "random", "feature_dim": dim, "dtype": "float16",
+    schema = (region_schema(dim, "float16") if kind == "regions"
+              else Schema((field("features", (dim,), "float16"),)))
+    meta = {**schema.to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}
     block = np.abs(rng.standard_normal((rows, dim))).astype(np.float16)
     boxes = np.tile(np.array([[0, 0, 10, 10]], np.float32), (rows, 1)) if kind == "regions" else None

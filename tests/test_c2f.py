@@ -61,6 +61,7 @@ def test_c2f_needs_a_coarse_to_fine_decoder(stack_run, tmp_path):
         load_experiment(exp, ["objective.name=c2f", f"objective.cider_cache={tmp_path / 'no.npz'}"])
 
 
+@pytest.mark.slow
 def test_evaluation_draws_every_stage_like_figure_3(stack_run, tmp_path):
     from trainer.evaluation.evaluate import evaluate_checkpoint
 

@@ -33,6 +33,7 @@ def setup(tmp_path_factory):
     return root, dataset, prepared, weights, grid.store
 
 
+@pytest.mark.slow
 def test_caption_matches_the_evaluation_of_the_same_images(setup, capstack, tmp_path):
     root, dataset, prepared, _, _ = setup
     evaluated = evaluate_checkpoint(root / "run", tmp_path / "eval", beam_size=3, figures=0)

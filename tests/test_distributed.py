@@ -89,6 +89,7 @@ def experiment_without_dropout(root: Path, decoder: str, folder: Path) -> Path:
     return exp
 
 
+@pytest.mark.slow
 def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, tmp_path):
     """Two torchrun launchers (--nnodes 2, one process each) train the first epoch; one
     process resumes their checkpoint for the second: every step's loss equals the
@@ -111,6 +112,7 @@ def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, 
     assert len(step_lines(tmp_path / "one")) == 6  # 3 batches x 2 epochs, each logged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective, decoder", [("scst", "top_down"), ("c2f", "stack_cap")])
 def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, objective, decoder):
     """``--nproc 2``: the same sampled captions (the draws follow the image, not the rank),
@@ -147,6 +149,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_every_decoder_trains_under_ddp(data, tmp_path):
     """An epoch of each registered decoder on two processes (one torchrun launch): DDP finds
     every parameter in the loss, and a rank's part of one image trains too (show_tell's batch
@@ -205,6 +208,7 @@ def assert_same_store(got: Path, expected: Path) -> None:
         assert (ra.height, ra.width) == (rb.height, rb.width)
 
 
+@pytest.mark.slow
 def test_two_process_extraction_makes_the_one_process_store(shapes, tmp_path):
     image_root, dataset = shapes
     expected = one_process_store(shapes, tmp_path / "one", 64, 2)
@@ -235,6 +239,7 @@ def _pid_of_rank(tag: str, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_killed_rank_leaves_its_shard_and_the_rerun_completes_the_store(shapes, tmp_path):
     """SIGKILL rank 1 mid-shard: torchrun stops the job, rank 1's shard stays partial; the
     same command again resumes every shard and merges: nothing lost, nothing twice."""

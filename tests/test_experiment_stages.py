@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from trainer_fixtures import make_prepared, write_experiment
@@ -35,6 +36,7 @@ def capstack(workdir, *args):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_changing_a_decoder_setting_reruns_only_that_training(tmp_path):
     dataset, prepared = make_prepared(tmp_path)
     work = tmp_path / "work"

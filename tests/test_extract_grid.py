@@ -40,9 +40,12 @@ def test_grid_records_have_the_expected_shapes(shapes, tmp_path):
     assert result.store.name.startswith("grid-resnet18-") and result.store.suffix == ".lmdb"
     store = open_store(result.store)
     meta = store.meta
-    assert (meta["kind"], meta["backbone"], meta["grid"], meta["feature_dim"]) == \
-        ("grid", "resnet18", 2, 512)
-    assert meta["weights"] == "random" and meta["dtype"] == "float16" and meta["count"] == 14
+    producer = meta["producer"]
+    assert (producer["name"], producer["settings"]["backbone"], meta["grid"]) == \
+        ("extract-grid", "resnet18", 2)
+    assert meta["fields"] == {"features": {"shape": ["N", 512], "dtype": "float16"}}
+    assert producer["about"]["weights"] == "random" and meta["count"] == 14
+    assert "kind" not in meta and "settings" not in meta  # the settings once, in the producer
     record = store.get(0)
     assert record.features.shape == (4, 512) and (record.height, record.width) == (64, 64)
     assert json.loads((tmp_path / "grid.json").read_text())["store"] == str(result.store)
@@ -145,6 +148,7 @@ def many_shapes(tmp_path_factory):
     return root, root / "dataset_shapes.json"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_or_interrupted_extraction_resumes_to_the_same_records(many_shapes, tmp_path, sig):
     shapes = many_shapes

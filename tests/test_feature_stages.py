@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 import cli
@@ -29,6 +30,7 @@ def run_stage(workdir, *args):
                            str(workdir), *args], capture_output=True, text=True, cwd=workdir)
 
 
+@pytest.mark.slow
 def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
     from pipeline.demo.shapes import write_shapes_dataset
 
@@ -55,7 +57,7 @@ def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
 
     listing = CliRunner().invoke(cli.main, ["stores", "--features-root", str(root)])
     assert listing.exit_code == 0
-    assert "grid  8 records" in listing.output
+    assert "grid, 512-d  8 records" in listing.output
     for workdir in experiments:
         assert f"{workdir / 'stages.yaml'}:extract_grid" in listing.output
 
@@ -64,6 +66,10 @@ def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
     info = json.loads(inspected.output)
     assert info["meta"]["fingerprint"] == pointers[0]["fingerprint"]
     assert info["sample_record"] == {"features": [4, 512]}
+    shown = CliRunner().invoke(cli.main, ["inspect", str(experiments[1] / "features/grid.json")])
+    lines = [line.strip() for line in shown.output.splitlines()]
+    assert "features         ['N', 512] float16" in lines
+    assert "producer           extract-grid" in lines and "backbone         resnet18" in lines
 
     verified = CliRunner().invoke(cli.main, ["verify", pointers[0]["store"], "--dataset",
                                              str(data / "dataset_shapes.json")])

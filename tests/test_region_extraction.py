@@ -37,27 +37,32 @@ def test_given_boxes_are_stored_with_one_feature_each(shapes, tmp_path):
     assert result.store.name.startswith("regions-resnet18-") and result.extracted == 8
     store = open_store(result.store)
     meta = store.meta
-    assert (meta["kind"], meta["feature_dim"], meta["settings"]["boxes"]) == ("regions", 512, "given")
-    assert "layer4" in meta["layer"]
+    assert meta["fields"] == {"features": {"shape": ["N", 512], "dtype": "float16"},
+                              "boxes": {"shape": ["N", 4], "dtype": "float32"},
+                              "scores": {"shape": ["N"], "dtype": "float32"},
+                              "classes": {"shape": ["N"], "dtype": "int32"}}
+    assert (meta["producer"]["name"], meta["producer"]["settings"]["boxes"]) == \
+        ("extract-regions", "given")
+    assert "layer4" in meta["producer"]["about"]["layer"] and "grid" not in meta
     for image_id, boxes in given_boxes(shapes[1]).items():
         record = store.get(image_id)
         assert record.features.shape == (len(boxes), 512) and record.features.dtype == np.float16
-        np.testing.assert_allclose(record.boxes, boxes)
+        np.testing.assert_allclose(record["boxes"], boxes)
         assert (record.height, record.width) == (64, 64)
-        assert record.scores.shape == record.classes.shape == (len(boxes),)
+        assert record["scores"].shape == record["classes"].shape == (len(boxes),)
 
 
 def test_detected_boxes_respect_min_and_max(shapes, tmp_path):
     result = extract(shapes, tmp_path / "features", DETECT)
     store = open_store(result.store)
-    assert store.meta["settings"]["min_boxes"] == 3 and store.meta["count"] == 8
+    assert store.meta["producer"]["settings"]["min_boxes"] == 3 and store.meta["count"] == 8
     for image_id in store.ids():
         record = store.get(image_id)
         n = record.features.shape[0]
-        assert 3 <= n <= 5 and record.boxes.shape == (n, 4)
-        assert (record.boxes[:, 2:] >= record.boxes[:, :2]).all()
-        assert (record.boxes >= 0).all() and (record.boxes <= 64).all()
-        assert (np.diff(record.scores.astype(np.float32)) <= 1e-6).all()  # best first
+        assert 3 <= n <= 5 and record["boxes"].shape == (n, 4)
+        assert (record["boxes"][:, 2:] >= record["boxes"][:, :2]).all()
+        assert (record["boxes"] >= 0).all() and (record["boxes"] <= 64).all()
+        assert (np.diff(record["scores"].astype(np.float32)) <= 1e-6).all()  # best first
 
 
 def test_box_settings_change_the_fingerprint_and_reuse_works(shapes, tmp_path):
@@ -81,7 +86,7 @@ def test_given_boxes_edited_in_the_json_make_a_new_store(shapes, tmp_path):
     other = extract_regions(edited, image_root, GIVEN, root=tmp_path / "features",
                             workers=0, progress=False)
     assert other.fingerprint != first.fingerprint
-    np.testing.assert_allclose(open_store(other.store).get(0).boxes, [[1, 2, 30, 40]])
+    np.testing.assert_allclose(open_store(other.store).get(0)["boxes"], [[1, 2, 30, 40]])
 
 
 @pytest.mark.parametrize("boxes, problem", [

@@ -156,6 +156,7 @@ def test_scst_resumes_exactly(xe_run, tmp_path):
     assert losses(tmp_path / "split") == losses(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_scst_raises_validation_cider_over_its_xe_start(tmp_path):
     """Real CIDEr-D rewards on drawn shapes: the RL run's best val CIDEr beats the XE checkpoint
     it started from (the features name each object exactly, so only captioning is learnt).

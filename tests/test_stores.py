@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,17 +12,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.stores import Record, create_writer, open_store, partial_path, store_format
+from pipeline.features.stores import (Record, Schema, create_writer, field, open_store,
+                                      partial_path, store_format)
 from pipeline.features.stores.buffer import BatchBuffer
 
 SUFFIXES = [".lmdb", ".h5"]
 
 
-def meta(kind="regions", dim=8, dtype="float16", **extra):
-    base = {"kind": kind, "extractor": "test", "backbone": "none", "weights": "random",
-            "weights_md5": "random", "feature_dim": dim, "dtype": dtype,
-            "fingerprint": "f00d", "capstack_version": "test"}
-    return base | extra
+def meta(kind="regions", dim=8, dtype="float16", grid=None, **extra):
+    """A store's metadata: region records (features, boxes, scores, classes) or grid ones."""
+    fields = [field("features", (dim,), dtype)]
+    if kind == "regions":
+        fields += [field("boxes", (4,), "float32"), field("scores", (), "float32"),
+                   field("classes", (), "int32")]
+    return {**Schema(tuple(fields), grid).to_meta(),
+            "producer": {"name": "test", "settings": {}, "about": {}},
+            "fingerprint": "f00d", "capstack_version": "test"} | extra
 
 
 def region_record(rng, n, dim=8):
@@ -63,9 +69,9 @@ def test_write_reopen_read(tmp_path, suffix):
         got = store.get(image_id)
         np.testing.assert_array_equal(got.features, rec.features.astype(np.float16))
         assert got.features.dtype == np.float16
-        np.testing.assert_array_equal(got.boxes, rec.boxes)
-        np.testing.assert_array_equal(got.scores, rec.scores)
-        np.testing.assert_array_equal(got.classes, rec.classes)
+        np.testing.assert_array_equal(got["boxes"], rec["boxes"])
+        np.testing.assert_array_equal(got["scores"], rec["scores"])
+        np.testing.assert_array_equal(got["classes"], rec["classes"])
         assert (got.height, got.width) == (rec.height, rec.width)
 
 
@@ -74,14 +80,16 @@ def test_read_batch_pads_and_masks(tmp_path, suffix):
     path = tmp_path / f"store{suffix}"
     records = write_store(path)
     ids = [106, 100, 105]
-    batch = open_store(path).read_batch(ids)
+    batch = open_store(path).read_batch(ids, fields=("boxes",))
     assert batch.features.shape == (3, 7, 8) and batch.features.dtype == np.float16
+    assert set(batch.fields) == {"boxes"} and not open_store(path).read_batch(ids).fields
     assert batch.mask.sum(axis=1).tolist() == [7, 1, 6]
     for k, i in enumerate(ids):
         n = records[i].num
         np.testing.assert_array_equal(batch.features[k, :n], records[i].features.astype(np.float16))
         assert not batch.features[k, n:].any()
-        np.testing.assert_array_equal(batch.boxes[k, :n], records[i].boxes)
+        np.testing.assert_array_equal(batch.fields["boxes"][k, :n], records[i]["boxes"])
+        assert not batch.fields["boxes"][k, n:].any()
         assert batch.hw[k].tolist() == [records[i].height, records[i].width]
     capped = open_store(path).read_batch(ids, max_rows=3)
     assert capped.features.shape == (3, 3, 8) and capped.mask.sum() == 7
@@ -108,8 +116,10 @@ def test_grid_store_and_float32(tmp_path, suffix):
     path = tmp_path / f"grid{suffix}"
     write_store(path, kind="grid", dtype="float32", grid=2)
     store = open_store(path)
-    assert store.kind == "grid" and store.get(100).features.dtype == np.float32
-    assert store.get(100).boxes is None
+    assert store.schema.grid == 2 and store.get(100).features.dtype == np.float32
+    assert store.get(100).get("boxes") is None and store.schema.names == ("features",)
+    with pytest.raises(CapstackError, match="no field 'boxes' to read"):
+        store.read_batch([100], fields=("boxes",))
 
 
 def _checksum(path, ids):
@@ -216,3 +226,88 @@ def test_format_from_suffix_or_flag(tmp_path):
     assert store_format("x.bin", "hdf5") == "hdf5"
     with pytest.raises(CapstackError, match="cannot tell the store format"):
         store_format(tmp_path / "features.bin")
+
+
+V1 = Path(__file__).parent / "data" / "stores_v1"
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_stores_written_before_fields_were_declared_keep_reading(suffix):
+    """tests/data/stores_v1: stores as 0.1.0 wrote them (kind, the settings twice). Today's
+    readers see their fields, grid and producer, and the same records."""
+    expected = np.load(V1 / "expected.npz")
+    grid = open_store(V1 / f"grid{suffix}")
+    assert grid.meta["fields"] == {"features": {"shape": ["N", 8], "dtype": "float16"}}
+    assert grid.schema.grid == 2 and grid.meta["skipped"] == {"9": "not an image"}
+    assert grid.meta["producer"]["name"] == "extract-grid"
+    assert grid.meta["producer"]["settings"]["image_size"] == 64  # what captioning reruns
+    assert grid.meta["producer"]["about"]["weights"] == "random"
+    assert grid.meta["fingerprint"] == "a1b2c3d4e5f60718" and "kind" not in grid.meta
+    for i in (1, 2, 3):
+        record = grid.get(i)
+        np.testing.assert_array_equal(record.features, expected[f"grid_{i}_features"])
+        assert [record.height, record.width] == expected[f"grid_{i}_hw"].tolist()
+    regions = open_store(V1 / f"regions{suffix}")
+    assert regions.schema.names == ("features", "boxes", "scores", "classes")
+    assert regions.schema.grid is None
+    assert regions.meta["producer"]["settings"]["boxes"] == "given"
+    for i in (1, 2, 3):
+        record = regions.get(i)
+        for name in regions.schema.names:
+            np.testing.assert_array_equal(record[name], expected[f"regions_{i}_{name}"])
+    batch = regions.read_batch([3, 1], fields=("boxes", "classes"))
+    np.testing.assert_array_equal(batch.fields["boxes"][1, :2], expected["regions_1_boxes"])
+    np.testing.assert_array_equal(batch.fields["classes"][0], expected["regions_3_classes"])
+
+
+ATTRIBUTES = Schema((field("features", (6,), "float16"), field("boxes", (4,), "float32"),
+                     field("attr_ids", (3,), "int32"), field("attr_scores", (3,), "float32")))
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_store_holds_whatever_fields_its_metadata_declares(tmp_path, suffix):
+    """Attribute ids and scores per box (the Visual Genome detector's), written and read back
+    by both backends without either knowing what they are."""
+    rng = np.random.default_rng(3)
+    records = {i: Record(rng.standard_normal((n, 6)).astype(np.float32), 40, 50,
+                         boxes=rng.uniform(0, 40, (n, 4)).astype(np.float32),
+                         attr_ids=rng.integers(0, 400, (n, 3)).astype(np.int32),
+                         attr_scores=rng.uniform(size=(n, 3)).astype(np.float32))
+               for i, n in ((5, 2), (6, 4), (7, 1))}
+    path = tmp_path / f"attributes{suffix}"
+    with create_writer(path, {**ATTRIBUTES.to_meta(), "fingerprint": "a77",
+                              "producer": {"name": "import-test", "settings": {}, "about": {}},
+                              "capstack_version": "test"}) as writer:
+        writer.write(list(records.items()))
+        writer.finish()
+    store = open_store(path)
+    assert store.schema == ATTRIBUTES
+    for i, rec in records.items():
+        got = store.get(i)
+        for name in ATTRIBUTES.names[1:]:
+            np.testing.assert_array_equal(got[name], rec[name])
+    batch = store.read_batch([6, 7], fields=("attr_ids", "attr_scores"))
+    assert batch.fields["attr_ids"].shape == (2, 4, 3) and batch.fields["attr_ids"].dtype == np.int32
+    np.testing.assert_array_equal(batch.fields["attr_ids"][1, :1], records[7]["attr_ids"])
+    assert not batch.fields["attr_ids"][1, 1:].any()
+    np.testing.assert_array_equal(batch.fields["attr_scores"][0], records[6]["attr_scores"])
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_records_must_match_the_declared_fields(tmp_path, suffix):
+    writer = create_writer(tmp_path / f"s{suffix}", meta("regions", dim=2))
+    feats = np.ones((2, 2), np.float32)
+    with pytest.raises(CapstackError, match=r"image 4: record without scores"):
+        writer.write([(4, Record(feats, 9, 9, boxes=np.zeros((2, 4)), classes=np.zeros(2)))])
+    with pytest.raises(CapstackError, match=r"image 5: field 'attr_ids' is not declared in the "
+                                            r"store's metadata \(fields: features, boxes"):
+        writer.write([(5, Record(feats, 9, 9, boxes=np.zeros((2, 4)), scores=np.zeros(2),
+                                 classes=np.zeros(2), attr_ids=np.zeros((2, 3))))])
+    with pytest.raises(CapstackError, match=r"image 6: boxes of shape \(3, 4\), expected \[2, 4\]"):
+        writer.write([(6, Record(feats, 9, 9, boxes=np.zeros((3, 4)), scores=np.zeros(2),
+                                 classes=np.zeros(2)))])
+    assert writer.done == set()
+    writer.close()
+    with pytest.raises(CapstackError, match=r"fields.features: expected shape \[N, D\]"):
+        create_writer(tmp_path / f"t{suffix}", {**meta(), "fields": {
+            "features": {"shape": ["N", 2, 2], "dtype": "float16"}}})

@@ -13,7 +13,7 @@ import yaml
 
 from pipeline.captions.prepare import prepare_captions
 from pipeline.demo.shapes import write_shapes_dataset
-from pipeline.features.stores import Record, create_writer
+from pipeline.features.stores import Record, Schema, create_writer, field
 
 TINY_DECODER = {"embed": 32, "hidden": 32}
 TINY_ATTENTION = {"embed": 32, "hidden": 32, "att_hidden": 16}
@@ -34,14 +34,21 @@ def make_prepared(root: Path, n_train=12, n_val=4, n_test=4, seed=3) -> tuple[Pa
     return data / "dataset_shapes.json", prepared
 
 
+def test_meta(kind: str, dim: int, fingerprint: str, grid: int | None = None) -> dict:
+    """Metadata of a store made by these fixtures: grid cells, or regions with their boxes."""
+    fields = [field("features", (dim,), "float16")]
+    if kind == "regions":
+        fields += [field("boxes", (4,), "float32"), field("scores", (), "float32"),
+                   field("classes", (), "int32")]
+    return {**Schema(tuple(fields), grid).to_meta(), "fingerprint": fingerprint,
+            "producer": {"name": f"test-{kind}", "settings": {}, "about": {}},
+            "capstack_version": "test"}
+
+
 def write_feature_store(path: Path, image_ids, *, kind="grid", rows=4, dim=16, seed=0,
                         fingerprint="feedbeef", image_root: Path | None = None) -> Path:
     rng = np.random.default_rng(seed)
-    meta = {"kind": kind, "extractor": "test", "backbone": "none", "weights": "random",
-            "weights_md5": "random", "feature_dim": dim, "dtype": "float16",
-            "fingerprint": fingerprint, "capstack_version": "test"}
-    if kind == "grid":
-        meta["grid"] = int(np.sqrt(rows))
+    meta = test_meta(kind, dim, fingerprint, grid=int(np.sqrt(rows)) if kind == "grid" else None)
     if image_root is not None:
         meta["image_root"] = str(image_root)
     with create_writer(path, meta) as writer:
@@ -85,9 +92,7 @@ def write_object_store(path: Path, dataset_json: Path) -> Path:
     shapes = sorted({o["shape"] for o in objects})
     colors = sorted({o["color"] for o in objects})
     dim = len(shapes) + len(colors) + 4
-    meta = {"kind": "regions", "extractor": "test", "backbone": "none", "weights": "labels",
-            "weights_md5": "labels", "feature_dim": dim, "dtype": "float16",
-            "fingerprint": "0b1ec75", "capstack_version": "test"}
+    meta = test_meta("regions", dim, "0b1ec75")
     with create_writer(path, meta) as writer:
         records = []
         for im in images:

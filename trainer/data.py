@@ -52,9 +52,9 @@ class Features:
         self.stores = [open_store(p) for p in self.paths]
         self.max_regions = max_regions
         self.box_geometry = box_geometry
-        if box_geometry and any(s.kind != "regions" for s in self.stores):
-            raise CapstackError("data.box_geometry: only region stores have boxes "
-                                f"({', '.join(f'{p}: {s.kind}' for p, s in zip(self.paths, self.stores))})")
+        if box_geometry and not all(s.schema.has("boxes") for s in self.stores):
+            raise CapstackError("data.box_geometry: needs stores with boxes (" + ", ".join(
+                f"{p}: {s.schema.describe()}" for p, s in zip(self.paths, self.stores)) + ")")
         dims = {s.feature_dim + (GEOMETRY_DIM if box_geometry else 0) for s in self.stores}
         if len(dims) > 1:
             raise CapstackError(f"stores {', '.join(map(str, self.paths))}: feature dims differ "
@@ -63,21 +63,14 @@ class Features:
         self.buffers = [BatchBuffer() for _ in self.stores]
 
     @property
-    def kinds(self) -> list[str]:
-        return [s.kind for s in self.stores]
-
-    @property
     def grid_size(self) -> int | None:
-        """k when the features are one k x k grid store (for attention pictures)."""
-        if len(self.stores) == 1 and self.stores[0].kind == "grid":
-            return int(self.stores[0].meta["grid"])
-        return None
+        """k when the features are one store of k x k grids (for attention pictures)."""
+        return self.stores[0].schema.grid if len(self.stores) == 1 else None
 
     def describe(self) -> list[dict]:
         """What a checkpoint records of the stores it was trained on."""
-        return [{"path": str(s.path), "fingerprint": s.meta["fingerprint"], "kind": s.kind,
-                 "backbone": s.meta.get("backbone"), "feature_dim": s.feature_dim}
-                for s in self.stores]
+        return [{"path": str(s.path), "fingerprint": s.meta["fingerprint"],
+                 "feature_dim": s.feature_dim} for s in self.stores]
 
     def missing(self, image_ids: Sequence[int]) -> tuple[Path, int] | None:
         for store in self.stores:
@@ -89,8 +82,12 @@ class Features:
     def read(self, image_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """features [B, L, D] float16 (a view of a reused buffer), mask [B, L], boxes or None."""
         return combine([store.read_batch(image_ids, max_rows=self.max_regions or None,
-                                         allocate=buffer)
+                                         allocate=buffer, fields=self.boxes_of(store))
                         for store, buffer in zip(self.stores, self.buffers)], self.box_geometry)
+
+    @staticmethod
+    def boxes_of(store) -> tuple[str, ...]:
+        return ("boxes",) if store.schema.has("boxes") else ()
 
 
 def combine(batches: Sequence[Batch], with_geometry: bool = False):
@@ -105,8 +102,8 @@ def combine(batches: Sequence[Batch], with_geometry: bool = False):
             feats = torch.cat([feats, box_geometry(batch).to(feats.dtype)], 2)
         parts.append(feats)
         masks.append(torch.from_numpy(batch.mask))
-        if batch.boxes is not None:
-            boxes.append(torch.from_numpy(batch.boxes))
+        if "boxes" in batch.fields:
+            boxes.append(torch.from_numpy(batch.fields["boxes"]))
     if len(parts) == 1:
         return parts[0], masks[0], boxes[0] if boxes else None
     return torch.cat(parts, 1), torch.cat(masks, 1), None
@@ -114,26 +111,27 @@ def combine(batches: Sequence[Batch], with_geometry: bool = False):
 
 def batch_from_records(records: Sequence[Record], dtype: str, max_rows: int = 0) -> Batch:
     """Records fresh from an extractor, padded like a store's ``read_batch`` (in its dtype)."""
-    rows = max(r.features.shape[0] for r in records)
+    rows = max(r.num for r in records)
     rows = min(rows, max_rows) if max_rows else rows
     dim = records[0].features.shape[1]
     features = np.zeros((len(records), rows, dim), dtype)
     mask = np.zeros((len(records), rows), bool)
-    boxes = np.zeros((len(records), rows, 4), np.float32) if records[0].boxes is not None else None
+    with_boxes = records[0].get("boxes") is not None
+    boxes = np.zeros((len(records), rows, 4), np.float32)
     for k, r in enumerate(records):
-        n = min(r.features.shape[0], rows)
+        n = min(r.num, rows)
         features[k, :n] = r.features[:n]
         mask[k, :n] = True
-        if boxes is not None:
-            boxes[k, :n] = r.boxes[:n]
+        if with_boxes:
+            boxes[k, :n] = r["boxes"][:n]
     hw = np.array([(r.height, r.width) for r in records], np.int32)
-    return Batch(features, mask, hw, boxes)
+    return Batch(features, mask, hw, {"boxes": boxes} if with_boxes else {})
 
 
 def box_geometry(batch) -> torch.Tensor:
     """[B, N, 5]: each box as fractions of its image, and its area fraction (Anderson et al.'s
     spatial features); what lets attention over regions tell left from right."""
-    boxes = torch.from_numpy(batch.boxes)  # [B, N, 4] image pixels
+    boxes = torch.from_numpy(batch.fields["boxes"])  # [B, N, 4] image pixels
     hw = torch.from_numpy(batch.hw).float()  # [B, 2]
     scale = torch.stack([hw[:, 1], hw[:, 0], hw[:, 1], hw[:, 0]], 1)[:, None]  # [B, 1, 4]
     rel = boxes / scale

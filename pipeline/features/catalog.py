@@ -50,7 +50,7 @@ def list_stores(root: Path) -> list[dict]:
         row = {"name": path.name, "size_mb": _size_bytes(path) / 2**20, "users": _users(path)}
         try:
             store = open_store(path)
-            row.update(kind=store.meta["kind"], count=len(store))
+            row.update(kind=store.schema.describe(), count=len(store))
             store.close()
         except CapstackError as e:
             row.update(kind="unreadable", count=0, users=[str(e)])

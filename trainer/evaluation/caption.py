@@ -2,9 +2,9 @@
 
 The checkpoint records the metadata of the stores it was trained on; the
 caller passes ``extractor_for(meta, where)``, which rebuilds the extractor that
-made each store (``pipeline.features.extract.rebuild.image_extractor``), so the
-trainer itself never opens an image model. The features go through the same
-padding, dtype and box geometry as in training, then beam search.
+made each store from its ``producer`` (``pipeline.features.extract.rebuild``),
+so the trainer itself never opens an image model. The features go through the
+same padding, dtype and box geometry as in training, then beam search.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image
 
+from pipeline.features.stores.schema import Schema, check_meta
 from trainer.checkpoint import load_checkpoint
 from trainer.data import EvalBatch, batch_from_records, combine
 from trainer.evaluation.evaluate import load_model
@@ -36,16 +37,15 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
                   max_len: int = 16, attention: Path | None = None, device="cpu") -> list[Caption]:
     ckpt = load_checkpoint(checkpoint)
     model, vocab, config = load_model(ckpt)
-    batches = []
-    for store in ckpt["stores"]:
-        records = extractor_for(store["meta"], store["path"])(list(paths))
-        batches.append(batch_from_records(records, store["meta"]["dtype"],
-                                          config.data.max_regions))
+    stores = [(s["path"], check_meta(s["meta"], s["path"])) for s in ckpt["stores"]]
+    schemas = [Schema.from_meta(meta, where) for where, meta in stores]
+    batches = [batch_from_records(extractor_for(meta, where)(list(paths)), schema.dtype,
+                                  config.data.max_regions)
+               for (where, meta), schema in zip(stores, schemas)]
     feats, mask, boxes = combine(batches, config.data.box_geometry)
     batch = EvalBatch(list(range(len(paths))), feats, mask, boxes)
     preds = predict(model.to(device), vocab, [batch], device, beam_size=beam_size, max_len=max_len)
-    grid = (int(ckpt["stores"][0]["meta"]["grid"])
-            if len(ckpt["stores"]) == 1 and ckpt["stores"][0]["kind"] == "grid" else None)
+    grid = schemas[0].grid if len(schemas) == 1 else None
     out = []
     for k, (path, p) in enumerate(zip(paths, preds)):
         figure = None

@@ -18,7 +18,7 @@ from pipeline.features.extract.backbones import build_resnet, feature_channels, 
 from pipeline.features.extract.images import grid_transform, stack_images
 from pipeline.features.extract.job import ExtractionJob, JobResult, run_job
 from pipeline.features.extract.runner import autocast
-from pipeline.features.stores import Record
+from pipeline.features.stores import Record, Schema, field
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
 
@@ -78,6 +78,7 @@ def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *
     job = ExtractionJob(
         kind="grid", backbone=settings.backbone, dataset_json=Path(dataset_json),
         image_root=Path(image_root), dtype=settings.dtype, out=out, root=root, format=format,
+        schema=Schema((field("features", (channels,), settings.dtype),), grid=settings.grid),
         settings={"extractor": "extract-grid", "features_version": FEATURES_VERSION,
                   "weights_md5": weights.md5, "image_size": settings.image_size,
                   "grid": settings.grid, "feature_dim": channels},

@@ -1,6 +1,7 @@
 """One extraction from settings to a complete, shared, named store.
 
-A store's name is ``<kind>-<backbone>-<fingerprint>`` under the shared root
+A store's name is ``<kind>-<backbone>-<fingerprint>`` (kind: grid or regions,
+the extractor's word) under the shared root
 (``--features-root``, else ``$CAPSTACK_FEATURES``, else
 ``~/.cache/capstack/features``), unless ``--out`` names it. When a complete
 store with that fingerprint exists, extraction is skipped and the store is
@@ -30,8 +31,8 @@ from pipeline.features.fingerprint import fingerprint, images_digest
 from pipeline.core.hashing import HashCache
 from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.runlock import exclusive_run
+from pipeline.features.stores import Schema, create_writer, open_store, store_format
 from pipeline.features.stores.pointer import write_pointer
-from pipeline.features.stores import create_writer, open_store, store_format
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
 
@@ -45,12 +46,13 @@ def features_root(explicit: str | Path | None = None) -> Path:
 
 @dataclass
 class ExtractionJob:
-    kind: str  # grid | regions
+    kind: str  # grid | regions: the store's name and the fingerprint say it
     backbone: str
     dataset_json: Path
     image_root: Path
     settings: dict  # everything else that determines the features (fingerprinted)
     describe: dict  # metadata that does not change the features (layer text, weights path)
+    schema: Schema  # the fields of every record the extractor makes
     dtype: str = "float16"
     out: Path | None = None
     root: Path | None = None
@@ -98,11 +100,13 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
                 "images": images, **job.settings}
     fp = fingerprint(settings)
     path = _store_path(job, root, fp)
-    meta = {"kind": job.kind, "backbone": job.backbone, "dtype": job.dtype, "fingerprint": fp,
-            "capstack_version": pipeline.__version__,
+    meta = {**job.schema.to_meta(),
+            "producer": {"name": job.settings["extractor"], "settings": settings,
+                         "about": job.describe},
+            "fingerprint": fp, "capstack_version": pipeline.__version__,
             "dataset": str(Path(job.dataset_json).resolve()),
-            "image_root": str(Path(job.image_root).resolve()), "settings": settings,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **job.settings, **job.describe}
+            "image_root": str(Path(job.image_root).resolve()),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if path.exists():
         result = JobResult(_check_reusable(path, fp), fp, reused=True)
     elif ranks.distributed:
@@ -117,7 +121,7 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
     if ranks.main:
         _record_user(path, pointer)
         if pointer:
-            write_pointer(pointer, path, fp, job.kind)
+            write_pointer(pointer, path, fp)
     return result
 
 

@@ -1,7 +1,8 @@
 """Run again, on new image files, the extractor that made a store (what `capstack caption` needs).
 
-A store's metadata records its extractor, backbone, weights file and md5, image
-size, grid or box settings. From those this module rebuilds the same extractor,
+A store's metadata records its producer: the extractor's name, the settings
+its fingerprint covers (backbone, weights md5, image size, grid or box settings)
+and the weights file. From those this module rebuilds the same extractor,
 refusing with the reason when it cannot: the weights file is gone or has
 changed, or the store's regions were the dataset's own boxes (``--boxes
 given``), which new images do not have.
@@ -26,9 +27,9 @@ from pipeline.features.stores import Record
 Extract = Callable[[Sequence[Path]], list[Record]]
 
 
-def checked_weights(meta: dict, where: str) -> str:
+def checked_weights(producer: dict, where: str) -> str:
     """The store's weights file, present and unchanged (or "random")."""
-    path, md5 = meta.get("weights"), meta.get("weights_md5")
+    path, md5 = producer["about"].get("weights"), producer["settings"].get("weights_md5")
     if path == RANDOM:
         return RANDOM
     if not path or not Path(path).is_file():
@@ -42,16 +43,14 @@ def checked_weights(meta: dict, where: str) -> str:
 
 
 def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
-    """``extract(paths) -> records``, as the store at ``where`` was made."""
-    weights = checked_weights(meta, where)
-    if meta["kind"] == "grid":
-        model = load_resnet(meta["backbone"], Weights(weights, meta["weights_md5"]))
-        extractor = grid_module.GridExtractor(resnet_body(model), int(meta["grid"]))
-        run = grid_module.batch_model(extractor.eval().to(device), device)
-        transform = grid_transform(int(meta["image_size"]))
-    else:
-        run = _region_model(meta, weights, where, device)
-        transform = detector_transform()
+    """``extract(paths) -> records``, as the store at ``where`` was made (its ``producer``)."""
+    producer = meta["producer"]
+    rebuild = REBUILDERS.get(producer["name"])
+    if rebuild is None:
+        raise CapstackError(f"{where}: its features were made by {producer['name']!r}, which "
+                            f"capstack cannot run on new images (it reruns "
+                            f"{', '.join(sorted(REBUILDERS))})")
+    run, transform = rebuild(producer, checked_weights(producer, where), where, device)
 
     def extract(paths: Sequence[Path]) -> list[Record]:
         dataset = ImageDataset(list(enumerate(paths)), transform)
@@ -64,16 +63,27 @@ def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
     return extract
 
 
-def _region_model(meta: dict, weights: str, where: str, device: torch.device):
-    s = meta["settings"]
+def _grid(producer: dict, weights: str, where: str, device: torch.device):
+    s = producer["settings"]
+    model = load_resnet(s["backbone"], Weights(weights, s["weights_md5"]))
+    extractor = grid_module.GridExtractor(resnet_body(model), int(s["grid"]))
+    return (grid_module.batch_model(extractor.eval().to(device), device),
+            grid_transform(int(s["image_size"])))
+
+
+def _regions(producer: dict, weights: str, where: str, device: torch.device):
+    s = producer["settings"]
     if s.get("boxes") == "given":
         raise CapstackError(f"{where}: its regions are the dataset's own boxes (--boxes given), "
                             f"and new images have none: caption with a checkpoint trained on grid "
                             f"features or detected regions")
     settings = region_extraction.RegionSettings(
-        arch=s["arch"], backbone=meta["backbone"], weights=weights, weights_kind=s["weights_kind"],
+        arch=s["arch"], backbone=s["backbone"], weights=weights, weights_kind=s["weights_kind"],
         boxes="detect", min_boxes=s["min_boxes"], max_boxes=s["max_boxes"],
         conf_thresh=s["conf_thresh"], nms_thresh=s["nms_thresh"], min_size=s["min_size"],
         max_size=s["max_size"], num_classes=s["num_classes"])
     extractor = region_extraction.build_extractor(settings, weights).eval().to(device)
-    return region_extraction.batch_model(extractor, device, None)
+    return region_extraction.batch_model(extractor, device, None), detector_transform()
+
+
+REBUILDERS = {"extract-grid": _grid, "extract-regions": _regions}  # producer -> its extractor

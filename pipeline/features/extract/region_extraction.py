@@ -24,7 +24,7 @@ from pipeline.features.extract.regions import RegionFeatureExtractor, build_dete
 from pipeline.features.extract.runner import autocast
 from pipeline.core.hashing import md5_of_file
 from pipeline.captions.karpathy import load_karpathy
-from pipeline.features.stores import Record
+from pipeline.features.stores import Record, Schema, field
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
 FPN_COCO_WEIGHTS = "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth"
@@ -46,6 +46,13 @@ class RegionSettings:
     max_size: int = 1000
     num_classes: int = 91
     dtype: str = "float16"
+
+
+def region_schema(feature_dim: int, dtype: str) -> Schema:
+    """A region record: each box's feature, the box (image pixels x1, y1, x2, y2), its score and
+    the detector's class for it."""
+    return Schema((field("features", (feature_dim,), dtype), field("boxes", (4,), "float32"),
+                   field("scores", (), "float32"), field("classes", (), "int32")))
 
 
 def _resolve_weights(s: RegionSettings) -> tuple[str, str]:
@@ -150,8 +157,9 @@ def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
     job = ExtractionJob(
         kind="regions", backbone=s.backbone, dataset_json=Path(dataset_json),
         image_root=Path(image_root), dtype=s.dtype, out=out, root=root, format=format,
+        schema=region_schema(probe.feature_dim, s.dtype),
         settings=settings, describe={"weights": weights_path, "layer": probe.layer,
-                                     "image_size": f"shorter side {s.min_size}, longer at most "
+                                     "resize": f"shorter side {s.min_size}, longer at most "
                                                    f"{s.max_size}"})
 
     def make_model():

@@ -70,7 +70,7 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
                         num_workers=workers, collate_fn=collate_images, pin_memory=pin_memory,
                         persistent_workers=False)
     started = time.perf_counter()
-    bar = tqdm(total=len(todo), desc=f"extract {writer.meta['kind']}", unit="img",
+    bar = tqdm(total=len(todo), desc=writer.meta["producer"]["name"], unit="img",
                disable=not progress, initial=0)
     with _stop_at_batch_boundary() as state, bar:
         for batch in loader:

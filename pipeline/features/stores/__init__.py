@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter, partial_path
+from pipeline.features.stores.base import Batch, StoreReader, StoreWriter, partial_path
+from pipeline.features.stores.schema import Field, Record, Schema, field
 
 FORMATS = {"lmdb": (".lmdb",), "hdf5": (".h5", ".hdf5")}
 
@@ -46,5 +47,5 @@ def create_writer(path: str | Path, meta: dict, format: str | None = None) -> St
     return Hdf5Writer(path, meta)
 
 
-__all__ = ["Batch", "Record", "StoreReader", "StoreWriter", "create_writer", "open_store",
-           "partial_path", "store_format"]
+__all__ = ["Batch", "Field", "Record", "Schema", "StoreReader", "StoreWriter", "create_writer",
+           "field", "open_store", "partial_path", "store_format"]

@@ -5,16 +5,11 @@ never be half-written. A store is written under ``<path>.partial`` and renamed
 to ``<path>`` by :meth:`StoreWriter.finish`; readers refuse a partial store,
 one without metadata, or one whose record count disagrees with its metadata.
 
-A record is one image's features: ``features`` [N, D] (grid: N = grid x grid
-cells in row-major order; regions: N boxes), the image's ``height`` and
-``width``, and for region stores ``boxes`` [N, 4] (image pixels x1, y1, x2,
-y2), ``scores`` [N] and ``classes`` [N].
-
-Metadata (a JSON object) records what made the features: ``kind`` (grid or
-regions), ``extractor``, ``backbone``, ``weights`` and ``weights_md5`` (or
-"random"), ``image_size``, ``grid`` or box settings, ``layer``,
-``feature_dim``, ``dtype``, ``count``, ``skipped`` (image id -> reason),
-``capstack_version`` and ``fingerprint`` (see :mod:`pipeline.features.fingerprint`).
+What a record holds is declared by the metadata's ``fields`` (schema.py): a
+store reads and writes whatever fields are declared and knows nothing of the
+extractor or importer that produced them (``producer``). Metadata also holds
+``fingerprint`` (pipeline/features/fingerprint.py), ``count``, ``skipped``
+(image id -> reason) and ``capstack_version``.
 """
 
 from __future__ import annotations
@@ -22,91 +17,21 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from pipeline.core.errors import CapstackError
+from pipeline.features.stores.schema import FORMAT, Record, Schema, check_meta, check_record
 
-KINDS = ("grid", "regions")
-DTYPES = ("float16", "float32")
 PARTIAL_SUFFIX = ".partial"
-REQUIRED_META = ("kind", "extractor", "backbone", "weights", "weights_md5", "feature_dim",
-                 "dtype", "fingerprint", "capstack_version")
-
-
-@dataclass
-class Record:
-    features: np.ndarray  # [N, D]
-    height: int
-    width: int
-    boxes: np.ndarray | None = None  # [N, 4] float32, regions only
-    scores: np.ndarray | None = None  # [N] float32, regions only
-    classes: np.ndarray | None = None  # [N] int32, regions only
-
-    @property
-    def num(self) -> int:
-        return int(self.features.shape[0])
 
 
 def partial_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     return path.with_name(path.name + PARTIAL_SUFFIX)
-
-
-def check_meta(meta: dict, where: str) -> dict:
-    """Refuse metadata that lacks a field or names an unknown kind or dtype."""
-    if not isinstance(meta, dict):
-        raise CapstackError(f"{where}: store metadata is not an object")
-    missing = [k for k in REQUIRED_META if k not in meta]
-    if missing:
-        raise CapstackError(f"{where}: store metadata lacks {', '.join(missing)}")
-    if meta["kind"] not in KINDS:
-        raise CapstackError(f"{where}: store metadata kind {meta['kind']!r} is not one of "
-                            f"{', '.join(KINDS)}")
-    if meta["dtype"] not in DTYPES:
-        raise CapstackError(f"{where}: store metadata dtype {meta['dtype']!r} is not one of "
-                            f"{', '.join(DTYPES)}")
-    return meta
-
-
-def check_record(meta: dict, image_id: int, record: Record, where: str) -> Record:
-    """The record cast to the store's dtype, or a CapstackError naming the image."""
-    features = np.asarray(record.features)
-    if features.ndim != 2 or features.shape[1] != meta["feature_dim"]:
-        raise CapstackError(f"{where}: image {image_id}: features of shape {features.shape}, "
-                            f"expected [N, {meta['feature_dim']}]")
-    if meta["kind"] == "grid" and meta.get("grid") and features.shape[0] != meta["grid"] ** 2:
-        raise CapstackError(f"{where}: image {image_id}: {features.shape[0]} grid cells, "
-                            f"expected {meta['grid']}x{meta['grid']}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        cast = features.astype(meta["dtype"], copy=False)
-    if not np.isfinite(cast).all():
-        peak = float(np.nanmax(np.abs(features.astype(np.float64))))
-        raise CapstackError(
-            f"{where}: image {image_id}: non-finite feature values (largest magnitude {peak:.3g}"
-            f"{' overflows float16' if meta['dtype'] == 'float16' and peak > 65504 else ''}); "
-            f"refusing to write them. Random deep networks produce such values: use trained "
-            f"weights, or --dtype float32 when the magnitudes are genuine")
-    n = features.shape[0]
-    out = Record(cast, int(record.height), int(record.width))
-    if meta["kind"] == "regions":
-        out.boxes = _shaped(record.boxes, (n, 4), np.float32, "boxes", image_id, where)
-        out.scores = _shaped(record.scores, (n,), np.float32, "scores", image_id, where)
-        out.classes = _shaped(record.classes, (n,), np.int32, "classes", image_id, where)
-    return out
-
-
-def _shaped(value, shape, dtype, name, image_id, where):
-    if value is None:
-        raise CapstackError(f"{where}: image {image_id}: region record without {name}")
-    array = np.asarray(value, dtype=dtype)
-    if array.shape != shape:
-        raise CapstackError(f"{where}: image {image_id}: {name} of shape {array.shape}, "
-                            f"expected {list(shape)}")
-    return array
 
 
 class StoreWriter(ABC):
@@ -119,14 +44,15 @@ class StoreWriter(ABC):
     def __init__(self, path: str | os.PathLike, meta: dict):
         self.path = Path(path)
         self.partial = partial_path(self.path)
-        self.meta = check_meta(dict(meta), str(self.path))
+        self.meta = check_meta({"format": FORMAT, **meta}, str(self.path))
+        self.schema = Schema.from_meta(self.meta, str(self.path))
         self.done: set[int] = set()
         self.skipped: dict[int, str] = {}
 
     def write(self, records: Sequence[tuple[int, Record]],
               skipped: Iterable[tuple[int, str]] = ()) -> None:
         """Commit a batch of records and skipped images at once."""
-        checked = [(int(i), check_record(self.meta, int(i), r, str(self.path)))
+        checked = [(int(i), check_record(self.schema, int(i), r, str(self.path)))
                    for i, r in records]
         fresh_skips = [(int(i), str(reason)) for i, reason in skipped if int(i) not in self.done]
         checked = [(i, r) for i, r in checked if i not in self.done]
@@ -172,7 +98,7 @@ class Batch:
     features: np.ndarray  # [B, Nmax, D], the store's dtype
     mask: np.ndarray  # [B, Nmax] bool, True where a row is real
     hw: np.ndarray  # [B, 2] int32 (height, width)
-    boxes: np.ndarray | None = None  # [B, Nmax, 4] float32, regions only
+    fields: dict[str, np.ndarray] = field(default_factory=dict)  # others asked for: [B, Nmax, ...]
 
 
 class StoreReader(ABC):
@@ -188,9 +114,9 @@ class StoreReader(ABC):
         if not self.path.exists():
             raise CapstackError(f"{self.path}: feature store not found")
         self.meta = check_meta(self._read_meta(), str(self.path))
-        self.kind = self.meta["kind"]
-        self.feature_dim = int(self.meta["feature_dim"])
-        self.dtype = np.dtype(self.meta["dtype"])
+        self.schema = Schema.from_meta(self.meta, str(self.path))
+        self.feature_dim = self.schema.feature_dim
+        self.dtype = self.schema.dtype
         self._ids = self._read_ids()
         if len(self._ids) != self.meta.get("count"):
             raise CapstackError(f"{self.path}: metadata says {self.meta.get('count')} records, "
@@ -215,27 +141,38 @@ class StoreReader(ABC):
         return self._get(int(image_id))
 
     def read_batch(self, image_ids: Sequence[int], max_rows: int | None = None,
-                   allocate=np.empty) -> Batch:
-        """Records of ``image_ids`` in one padded batch (the store's dtype, no conversion).
+                   allocate=np.empty, fields: Sequence[str] = ()) -> Batch:
+        """Records of ``image_ids`` in one padded batch (the store's dtypes, no conversion),
+        with the declared ``fields`` besides the features.
 
         ``allocate(shape, dtype)`` makes the feature array (e.g. in shared memory)."""
         records = [self.get(i) for i in image_ids]
         rows = max(r.num for r in records) if records else 0
         rows = min(rows, max_rows) if max_rows else rows
-        b = len(records)
-        features = allocate((b, rows, self.feature_dim), self.dtype)
+        features = allocate((len(records), rows, self.feature_dim), self.dtype)
         features[...] = 0
-        mask = np.zeros((b, rows), dtype=bool)
-        hw = np.zeros((b, 2), dtype=np.int32)
-        boxes = np.zeros((b, rows, 4), dtype=np.float32) if self.kind == "regions" else None
+        batch = Batch(features, np.zeros((len(records), rows), dtype=bool),
+                      np.zeros((len(records), 2), dtype=np.int32), self._padded(fields, rows,
+                                                                                len(records)))
         for k, r in enumerate(records):
             n = min(r.num, rows)
             features[k, :n] = r.features[:n]
-            mask[k, :n] = True
-            hw[k] = (r.height, r.width)
-            if boxes is not None:
-                boxes[k, :n] = r.boxes[:n]
-        return Batch(features, mask, hw, boxes)
+            batch.mask[k, :n] = True
+            batch.hw[k] = (r.height, r.width)
+            for name, array in batch.fields.items():
+                array[k, :n] = r[name][:n]
+        return batch
+
+    def _padded(self, names: Sequence[str], rows: int, b: int) -> dict[str, np.ndarray]:
+        """Zeroed [b, rows, ...] arrays of the fields ``names``, refused when not declared."""
+        out = {}
+        for name in names:
+            if not self.schema.has(name) or name == "features":
+                raise CapstackError(f"{self.path}: no field {name!r} to read besides the features "
+                                    f"(fields: {', '.join(self.schema.names)})")
+            f = self.schema.get(name)
+            out[name] = np.zeros((b, rows, *f.shape), f.dtype)
+        return out
 
     def _read_meta(self) -> dict:
         raw = self._raw_meta()

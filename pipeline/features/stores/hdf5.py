@@ -2,8 +2,8 @@
 
 Layout of the file (ending in ``.h5``):
 
-* ``features`` [rows, D] (the store's dtype), ``boxes`` [rows, 4] float32,
-  ``scores`` [rows] float32, ``classes`` [rows] int32 (regions only);
+* one dataset per declared field, rows of every record one after another:
+  ``features`` [rows, D], and e.g. ``boxes`` [rows, 4], ``scores`` [rows];
 * per record: ``image_ids`` int64, ``row_start`` int64, ``row_count`` int32,
   ``hw`` [., 2] int32 (height, width);
 * ``skipped_ids`` int64 and ``skipped_reasons`` (strings);
@@ -48,13 +48,10 @@ class Hdf5Writer(StoreWriter):
 
     def _create(self) -> None:
         f = self._file = h5py.File(self.partial, "w")
-        d = self.meta["feature_dim"]
-        f.create_dataset("features", (0, d), self.meta["dtype"], maxshape=(None, d),
-                         chunks=(64, d))
-        if self.meta["kind"] == "regions":
-            f.create_dataset("boxes", (0, 4), np.float32, maxshape=(None, 4), chunks=(1024, 4))
-            f.create_dataset("scores", (0,), np.float32, maxshape=(None,), chunks=(4096,))
-            f.create_dataset("classes", (0,), np.int32, maxshape=(None,), chunks=(4096,))
+        for field in self.schema.fields:  # chunks of ~256 KiB of rows (64 rows of 2048 float16s)
+            rows = max(1, min(4096, (1 << 18) // (field.row_size * field.dtype.itemsize)))
+            f.create_dataset(field.name, (0, *field.shape), field.dtype,
+                             maxshape=(None, *field.shape), chunks=(rows, *field.shape))
         for name, dtype in (("image_ids", np.int64), ("row_start", np.int64),
                             ("row_count", np.int32), ("skipped_ids", np.int64),
                             ("skipped_reasons", _STR)):
@@ -83,9 +80,8 @@ class Hdf5Writer(StoreWriter):
         records, rows, skipped = self._counts()
         for name in ("image_ids", "row_start", "row_count", "hw"):
             f[name].resize(records, axis=0)
-        for name in ("features", "boxes", "scores", "classes"):
-            if name in f:
-                f[name].resize(rows, axis=0)
+        for name in self.schema.names:
+            f[name].resize(rows, axis=0)
         for name in ("skipped_ids", "skipped_reasons"):
             f[name].resize(skipped, axis=0)
         self.done.update(int(i) for i in f["image_ids"][:])
@@ -105,11 +101,8 @@ class Hdf5Writer(StoreWriter):
         if records:
             counts = np.array([r.num for _, r in records], np.int32)
             starts = n_rows + np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-            self._append(f["features"], np.concatenate([r.features for _, r in records]))
-            if self.meta["kind"] == "regions":
-                self._append(f["boxes"], np.concatenate([r.boxes for _, r in records]))
-                self._append(f["scores"], np.concatenate([r.scores for _, r in records]))
-                self._append(f["classes"], np.concatenate([r.classes for _, r in records]))
+            for name in self.schema.names:
+                self._append(f[name], np.concatenate([r[name] for _, r in records]))
             self._append(f["image_ids"], np.array([i for i, _ in records], np.int64))
             self._append(f["row_start"], starts)
             self._append(f["row_count"], counts)
@@ -159,14 +152,10 @@ class Hdf5Reader(StoreReader):
         f = self._open()
         k = self._index[image_id]
         start, n = int(self._row_start[k]), int(self._row_count[k])
-        record = Record(f["features"][start:start + n], int(self._hw[k, 0]), int(self._hw[k, 1]))
-        if self.kind == "regions":
-            record.boxes = f["boxes"][start:start + n]
-            record.scores = f["scores"][start:start + n]
-            record.classes = f["classes"][start:start + n]
-        return record
+        return Record(height=int(self._hw[k, 0]), width=int(self._hw[k, 1]),
+                      **{name: f[name][start:start + n] for name in self.schema.names})
 
-    def read_batch(self, image_ids, max_rows=None, allocate=np.empty) -> Batch:
+    def read_batch(self, image_ids, max_rows=None, allocate=np.empty, fields=()) -> Batch:
         """Each record read straight into the batch array (``read_direct``, no temporaries)."""
         f = self._open()
         ks = [self._index[int(i)] for i in image_ids]
@@ -174,19 +163,18 @@ class Hdf5Reader(StoreReader):
         rows = int(counts.max()) if ks else 0
         rows = min(rows, max_rows) if max_rows else rows
         features = allocate((len(ks), rows, self.feature_dim), self.dtype)
-        boxes = np.zeros((len(ks), rows, 4), np.float32) if self.kind == "regions" else None
-        dataset = f["features"]
+        extra = self._padded(fields, rows, len(ks))
+        datasets = [(f["features"], features)] + [(f[name], a) for name, a in extra.items()]
         for j, k in enumerate(ks):
             m = int(min(counts[j], rows))
             start = int(self._row_start[k])
             if m:
-                dataset.read_direct(features, np.s_[start:start + m], np.s_[j, :m])
-                if boxes is not None:
-                    f["boxes"].read_direct(boxes, np.s_[start:start + m], np.s_[j, :m])
+                for dataset, array in datasets:
+                    dataset.read_direct(array, np.s_[start:start + m], np.s_[j, :m])
             if m < rows:
                 features[j, m:] = 0
         mask = np.arange(rows)[None, :] < np.minimum(counts, rows)[:, None]
-        return Batch(features, mask, self._hw[ks].astype(np.int32), boxes)
+        return Batch(features, mask, self._hw[ks].astype(np.int32), extra)
 
     def close(self) -> None:
         if self._handle_file is not None and self._handle_pid == os.getpid():

@@ -2,9 +2,10 @@
 
 Layout of the environment (a folder ending in ``.lmdb``):
 
-* ``r:<image id>`` -> header ``<iiii`` (N, D, height, width), then ``features``
-  (N x D, the store's dtype) and, for regions, ``boxes`` (N x 4 float32),
-  ``scores`` (N float32), ``classes`` (N int32);
+* ``r:<image id>`` -> header ``<iiii`` (N rows, the features' D, height, width),
+  then each declared field's N rows in the schema's order, ``features`` first
+  (so a record of the first format, features then boxes, scores, classes, reads
+  as one of today's with those fields declared);
 * ``s:<image id>`` -> the reason the image was skipped;
 * ``__meta__`` -> the metadata JSON; ``__ids__`` -> the record ids (int64),
   written by ``finish``.
@@ -27,6 +28,7 @@ import numpy as np
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
+from pipeline.features.stores.schema import Schema
 
 _HEADER = struct.Struct("<iiii")
 _META, _IDS = b"__meta__", b"__ids__"
@@ -41,27 +43,26 @@ def _skip_key(image_id: int) -> bytes:
     return b"s:%d" % image_id
 
 
-def encode_record(record: Record, kind: str) -> bytes:
-    n, d = record.features.shape
-    parts = [_HEADER.pack(n, d, record.height, record.width), record.features.tobytes()]
-    if kind == "regions":
-        parts += [record.boxes.tobytes(), record.scores.tobytes(), record.classes.tobytes()]
-    return b"".join(parts)
+def encode_record(record: Record, schema: Schema) -> bytes:
+    n = record.num
+    return b"".join([_HEADER.pack(n, schema.feature_dim, record.height, record.width),
+                     *(np.ascontiguousarray(record[f.name]).tobytes() for f in schema.fields)])
 
 
-def decode_record(buf, kind: str, dtype: np.dtype) -> Record:
-    n, d, height, width = _HEADER.unpack_from(buf, 0)
-    offset = _HEADER.size
-    features = np.frombuffer(buf, dtype=dtype, count=n * d, offset=offset).reshape(n, d)
-    record = Record(features.copy(), height, width)
-    if kind == "regions":
-        offset += n * d * dtype.itemsize
-        record.boxes = np.frombuffer(buf, np.float32, n * 4, offset).reshape(n, 4).copy()
-        offset += n * 16
-        record.scores = np.frombuffer(buf, np.float32, n, offset).copy()
-        offset += n * 4
-        record.classes = np.frombuffer(buf, np.int32, n, offset).copy()
-    return record
+def field_offsets(n: int, schema: Schema) -> list[int]:
+    """Byte offset of each field of a record of ``n`` rows (after the header)."""
+    offsets, at = [], _HEADER.size
+    for f in schema.fields:
+        offsets.append(at)
+        at += n * f.row_size * f.dtype.itemsize
+    return offsets
+
+
+def decode_record(buf, schema: Schema) -> Record:
+    n, _, height, width = _HEADER.unpack_from(buf, 0)
+    arrays = {f.name: np.frombuffer(buf, f.dtype, n * f.row_size, at).reshape(n, *f.shape).copy()
+              for f, at in zip(schema.fields, field_offsets(n, schema))}
+    return Record(height=height, width=width, **arrays)
 
 
 class LmdbWriter(StoreWriter):
@@ -91,10 +92,9 @@ class LmdbWriter(StoreWriter):
                     self.skipped[int(key[2:])] = bytes(value).decode()
 
     def _commit(self, records, skipped) -> None:
-        kind = self.meta["kind"]
         with self._env.begin(write=True) as txn:
             for image_id, record in records:
-                txn.put(_record_key(image_id), encode_record(record, kind))
+                txn.put(_record_key(image_id), encode_record(record, self.schema))
             for image_id, reason in skipped:
                 txn.put(_skip_key(image_id), reason.encode())
 
@@ -166,39 +166,42 @@ class LmdbReader(StoreReader):
             buf = txn.get(_record_key(image_id))
             if buf is None:
                 raise CapstackError(f"{self.path}: record of image {image_id} is missing")
-            return decode_record(buf, self.kind, self.dtype)
+            return decode_record(buf, self.schema)
 
-    def read_batch(self, image_ids, max_rows=None, allocate=np.empty) -> Batch:
-        """One read transaction; each record copied once, straight into the batch array.
+    def read_batch(self, image_ids, max_rows=None, allocate=np.empty, fields=()) -> Batch:
+        """One read transaction; each record copied once, straight into the batch arrays.
 
         ``allocate(shape, dtype)`` makes the batch's feature array: a DataLoader
         worker passes one in shared memory so the batch crosses to the trainer
         without another copy.
         """
-        d, dtype, regions = self.feature_dim, self.dtype, self.kind == "regions"
-        unpack, head = _HEADER.unpack_from, _HEADER.size
+        d, dtype, head = self.feature_dim, self.dtype, _HEADER.size
         with self._open().begin(buffers=True) as txn:
             bufs = [txn.get(_record_key(int(i))) for i in image_ids]
             if any(b is None for b in bufs):
                 missing = next(i for i, b in zip(image_ids, bufs) if b is None)
                 raise KeyError(f"{self.path}: no record for image {missing}")
-            heads = [unpack(b, 0) for b in bufs]
+            heads = [_HEADER.unpack_from(b, 0) for b in bufs]
             rows = max((h[0] for h in heads), default=0)
             rows = min(rows, max_rows) if max_rows else rows
             features = allocate((len(bufs), rows, d), dtype)
             flat = features.reshape(len(bufs), rows * d)  # a view: no per-record reshape
             counts = np.minimum([h[0] for h in heads], rows)
-            boxes = np.zeros((len(bufs), rows, 4), np.float32) if regions else None
+            extra = self._padded(fields, rows, len(bufs))
+            wanted = [(self.schema.names.index(name), self.schema.get(name), array)
+                      for name, array in extra.items()]
             for k, (buf, m) in enumerate(zip(bufs, counts.tolist())):
                 flat[k, :m * d] = np.frombuffer(buf, dtype, m * d, head)
                 if m < rows:
                     flat[k, m * d:] = 0
-                if regions:
-                    boxes[k, :m] = np.frombuffer(buf, np.float32, m * 4, head + heads[k][0] * d
-                                                 * dtype.itemsize).reshape(m, 4)
+                if wanted:
+                    offsets = field_offsets(heads[k][0], self.schema)
+                    for index, f, array in wanted:
+                        array[k, :m] = np.frombuffer(buf, f.dtype, m * f.row_size,
+                                                     offsets[index]).reshape(m, *f.shape)
             mask = np.arange(rows)[None, :] < counts[:, None]
             hw = np.array([(h[2], h[3]) for h in heads], np.int32).reshape(-1, 2)
-            return Batch(features, mask, hw, boxes)
+            return Batch(features, mask, hw, extra)
 
     def close(self) -> None:
         _ENVS.release(os.path.realpath(self.path))

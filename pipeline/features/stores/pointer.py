@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.core.atomic import atomic_file
+from pipeline.core.atomic import write_json
 from pipeline.core.errors import CapstackError
 
 
-def write_pointer(pointer: Path, store: Path, fp: str, kind: str) -> None:
-    with atomic_file(pointer) as tmp:
-        tmp.write_text(json.dumps({"store": str(Path(store).resolve()), "fingerprint": fp,
-                                   "kind": kind}, indent=1) + "\n")
+def write_pointer(pointer: Path, store: Path, fp: str) -> None:
+    write_json(pointer, {"store": str(Path(store).resolve()), "fingerprint": fp})
 
 
 def read_pointer(pointer: str | Path) -> Path:
