@@ -11,7 +11,7 @@ so a resumed run sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -25,7 +25,7 @@ from pipeline.features.stores.buffer import BatchBuffer
 from pipeline.features.stores.pointer import read_pointer
 from pipeline.captions.prepared import Captions
 from pipeline.captions.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD
-from trainer.objectives.share import Share
+from trainer.batch import EvalBatch, Share, TrainBatch
 
 BUCKET_SPAN = 50
 GEOMETRY_DIM = 5  # batches whose images are sorted by caption length together
@@ -140,36 +140,6 @@ def box_geometry(batch) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- batches
-
-@dataclass
-class TrainBatch:
-    """This process's images of one global batch (all of them in a single process)."""
-
-    image_ids: list[int]
-    feats: torch.Tensor  # [B, L, D]
-    mask: torch.Tensor  # [B, L] bool
-    captions: torch.Tensor  # [B*S, T+2] long
-    share: Share  # the global batch's counts that losses divide by
-    index: int = 0  # the batch's position in its epoch
-    seq_per_img: int = 1  # captions of each image (consecutive rows of ``captions``)
-
-    def to(self, device: torch.device) -> "TrainBatch":
-        return replace(self, feats=self.feats.to(device, torch.float32, non_blocking=True),
-                       mask=self.mask.to(device, non_blocking=True),
-                       captions=self.captions.to(device, non_blocking=True))
-
-
-@dataclass
-class EvalBatch:
-    image_ids: list[int]
-    feats: torch.Tensor
-    mask: torch.Tensor
-    boxes: torch.Tensor | None
-
-    def to(self, device: torch.device) -> "EvalBatch":
-        return EvalBatch(self.image_ids, self.feats.to(device, torch.float32),
-                         self.mask.to(device), self.boxes)
-
 
 class TrainBatches:
     """The train split's batches, epoch by epoch, in an order fixed by (seed, epoch).

@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 import pipeline
-from pipeline.core.atomic import atomic_file, replace_path
+from pipeline.core.atomic import atomic_file, replace_path, write_json
 from pipeline.core.ranks import Ranks, join
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
@@ -355,8 +355,7 @@ def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress:
     if resumed_at is None and config.train.init_from:
         run.start_from(config.train.init_from)
     if ranks.main:
-        with atomic_file(out_dir / "config.json") as tmp:
-            tmp.write_text(json.dumps(config.to_dict(), indent=1) + "\n")
+        write_json(out_dir / "config.json", config.to_dict())
     while run.epoch < config.train.epochs:
         run.run_epoch(progress)
         cider = run.end_epoch()
@@ -367,7 +366,6 @@ def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress:
                          time.perf_counter() - started)
     if not ranks.main:
         return result
-    with atomic_file(out_dir / "summary.json") as tmp:
-        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
-        tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out_dir / "summary.json",
+               {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()})
     return result

@@ -12,7 +12,6 @@ through (the ``fc`` layer is not used for features).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pipeline.core.atomic import atomic_file
+from pipeline.core.atomic import atomic_file, write_json
 from pipeline.core.errors import CapstackError
 from pipeline.features.extract.backbones import build_resnet
 from pipeline.features.extract.images import ImageSkipped, grid_transform, load_rgb
@@ -139,8 +138,7 @@ def train_backbone(dataset_json: Path, image_root: Path, out: Path, cfg: Backbon
         metrics |= _accuracy(model, held_out, n_shapes, cfg.batch_size)
     with atomic_file(out) as tmp:
         torch.save(model.state_dict(), tmp)
-    with atomic_file(Path(str(out) + ".json")) as tmp:
-        tmp.write_text(json.dumps({"backbone": cfg.backbone, "shapes": shape_names,
-                                   "colors": color_names, "config": asdict(cfg),
-                                   "history": history, "val": metrics}, indent=1))
+    write_json(Path(str(out) + ".json"), {"backbone": cfg.backbone, "shapes": shape_names,
+                                          "colors": color_names, "config": asdict(cfg),
+                                          "history": history, "val": metrics})
     return {"out": str(out), "labels": n_shapes + len(color_names), **metrics}

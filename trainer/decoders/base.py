@@ -40,7 +40,7 @@ class LossTerms:
     """A decoder's training terms beyond the caption cross-entropy, as sums.
 
     ``per_token`` is divided by the target tokens of the global batch,
-    ``per_caption`` by its captions (the objective does it, trainer/objectives/share.py).
+    ``per_caption`` by its captions (the objective does it, trainer/batch.py).
     ``observed``: per-caption sums of what the decoder's state follows (hard
     attention's baseline), handed back as global means to :meth:`Decoder.update`.
     """

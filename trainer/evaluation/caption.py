@@ -18,7 +18,8 @@ from PIL import Image
 
 from pipeline.features.stores.schema import Schema, check_meta
 from trainer.checkpoint import load_checkpoint
-from trainer.data import EvalBatch, batch_from_records, combine
+from trainer.batch import EvalBatch
+from trainer.data import batch_from_records, combine
 from trainer.evaluation.evaluate import load_model
 from trainer.evaluation.figures import attention_figure
 from trainer.evaluation.predict import predict

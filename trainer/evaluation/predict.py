@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.captions.vocab import Vocabulary
-from trainer.data import EvalBatch
+from trainer.batch import EvalBatch
 from trainer.decode import beam_search, greedy
 from trainer.decoders.base import Decoder
 

@@ -13,7 +13,7 @@ Per step the loop calls, in order::
     stats |= objective.after_step(decoder, batch, key)         # state updates, own optimisers
 
 Losses divide sums by the global batch's counts (``batch.share``,
-trainer/objectives/share.py), so the losses of all ranks add up to the
+trainer/batch.py), so the losses of all ranks add up to the
 one-process loss. Statistics follow the same rule and are summed over ranks,
 except the ``time_*`` ones, which are this rank's own seconds.
 
@@ -36,8 +36,7 @@ from trainer.decoders.base import Decoder
 
 if TYPE_CHECKING:
     from pipeline.captions.prepared import Captions
-    from trainer.data import TrainBatch
-    from trainer.objectives.share import Share
+    from trainer.batch import Share, TrainBatch
 
 
 @dataclass(frozen=True)

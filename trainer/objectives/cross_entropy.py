@@ -3,7 +3,7 @@
     L = sum_t -log p(y_t | y_<t, V) / tokens  +  decoder terms per token / tokens
                                               +  decoder terms per caption / captions
 
-with the counts of the global batch (trainer/objectives/share.py). Scheduled
+with the counts of the global batch (trainer/batch.py). Scheduled
 sampling (Bengio et al.; the reference implementations' ``ss_prob``) feeds,
 with a probability rising by epoch, the model's own sample of the previous
 step instead of the caption's word.

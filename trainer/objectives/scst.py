@@ -28,7 +28,7 @@ from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, Setting, StepKey
-from trainer.objectives.share import Share
+from trainer.batch import Share
 from pipeline.core.errors import CapstackError
 from trainer.rewards.cider import CiderD
 
@@ -59,7 +59,7 @@ def mean_of_others(rewards: np.ndarray) -> np.ndarray:
 def scst_loss(logprobs: Tensor, mask: Tensor, advantage: Tensor,
               share: Share | None = None) -> Tensor:
     """-(r - b) log p(w^s), per generated token, averaged over the generated tokens
-    (of the global batch, with a ``share``; trainer/objectives/share.py)."""
+    (of the global batch, with a ``share``; trainer/batch.py)."""
     weighted = -advantage[:, None] * logprobs * mask
     tokens = mask.sum() if share is None else share.global_count(mask.sum())
     return weighted.sum() / tokens.clamp(min=1)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import pipeline
-from pipeline.core.atomic import atomic_file
+from pipeline.core.atomic import write_json
 from pipeline.core.ranks import Ranks, join
 from pipeline.core.errors import CapstackError
 from pipeline.features.extract.runner import BatchModel, run_extraction
@@ -192,5 +192,4 @@ def _record_user(store: Path, pointer: Path | None) -> None:
              "pointer": str(Path(pointer).resolve()) if pointer else ""}
     if entry not in users:
         users.append(entry)
-        with atomic_file(users_file) as tmp:
-            tmp.write_text(json.dumps(users, indent=1))
+        write_json(users_file, users)

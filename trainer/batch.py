@@ -1,4 +1,8 @@
-"""A rank's part of a global batch, and the divisors that make its loss its part of the global mean.
+"""What a training step gets: this rank's part of a global batch, with the global batch's counts.
+
+A :class:`TrainBatch` holds this process's images of a global batch; its
+:class:`Share` carries the counts that make a loss this rank's part of the
+global mean.
 
 Under DDP every rank computes a loss on its own images and DDP averages the
 gradients over the ranks. Were each rank's loss a mean over its own tokens, a
@@ -12,9 +16,10 @@ usual means.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import torch
 from torch import Tensor
 
 
@@ -39,3 +44,33 @@ class Share:
 def whole_batch(tokens: int, captions: int, images: int) -> Share:
     """One process: the batch is its own global batch."""
     return Share(tokens, captions, images)
+
+
+@dataclass
+class TrainBatch:
+    """This process's images of one global batch (all of them in a single process)."""
+
+    image_ids: list[int]
+    feats: torch.Tensor  # [B, L, D]
+    mask: torch.Tensor  # [B, L] bool
+    captions: torch.Tensor  # [B*S, T+2] long
+    share: Share  # the global batch's counts that losses divide by
+    index: int = 0  # the batch's position in its epoch
+    seq_per_img: int = 1  # captions of each image (consecutive rows of ``captions``)
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return replace(self, feats=self.feats.to(device, torch.float32, non_blocking=True),
+                       mask=self.mask.to(device, non_blocking=True),
+                       captions=self.captions.to(device, non_blocking=True))
+
+
+@dataclass
+class EvalBatch:
+    image_ids: list[int]
+    feats: torch.Tensor
+    mask: torch.Tensor
+    boxes: torch.Tensor | None
+
+    def to(self, device: torch.device) -> "EvalBatch":
+        return EvalBatch(self.image_ids, self.feats.to(device, torch.float32),
+                         self.mask.to(device), self.boxes)
