@@ -74,7 +74,7 @@ def data(tmp_path_factory):
     rank of two without an image). Dropout off: the one thing ranks draw on their own."""
     root = tmp_path_factory.mktemp("ddp")
     _, prepared = make_prepared(root, n_train=13, n_val=5)
-    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+    write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
     build_cache(prepared, "train", root / "cider.npz")
     return root, experiment_without_dropout(root, "top_down", root)
 
