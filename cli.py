@@ -389,8 +389,8 @@ def report_cmd(metrics, out_dir):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(store, fmt, as_json):
     """A store's metadata and one record's shapes (STORE may be a pointer .json)."""
-    from pipeline.features.stores.pointer import read_pointer
     from pipeline.features.stores import open_store
+    from pipeline.features.stores.pointer import read_pointer
 
     reader = open_store(read_pointer(store), fmt)
     sample = reader.get(int(reader.ids()[0])) if len(reader) else None
@@ -425,8 +425,8 @@ def inspect_cmd(store, fmt, as_json):
               type=click.Path(dir_okay=False, path_type=Path))
 def verify_cmd(store, dataset_json):
     """Check that STORE holds a record for every image of the dataset."""
-    from pipeline.features.stores.pointer import read_pointer
     from pipeline.features.catalog import verify_store
+    from pipeline.features.stores.pointer import read_pointer
 
     result = verify_store(read_pointer(store), dataset_json)
     click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
@@ -437,8 +437,8 @@ def verify_cmd(store, dataset_json):
 @click.option("--features-root", type=click.Path(file_okay=False, path_type=Path), default=None)
 def stores_cmd(features_root):
     """The stores under the shared root: what a record holds, size, count, and who uses them."""
-    from pipeline.features.extract.job import features_root as resolve_root
     from pipeline.features.catalog import list_stores
+    from pipeline.features.extract.job import features_root as resolve_root
 
     root = resolve_root(features_root)
     rows = list_stores(root)

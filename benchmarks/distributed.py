@@ -55,9 +55,9 @@ def prepare_training(folder: Path, steps: int) -> Path:
     import yaml
 
     from pipeline.captions.prepare import prepare_captions
+    from pipeline.captions.prepared import load_captions
     from pipeline.demo.shapes import write_shapes_dataset
     from pipeline.features.stores import Record, create_writer
-    from pipeline.captions.prepared import load_captions
 
     write_shapes_dataset(folder / "shapes", n_train=BATCH * steps, n_val=10, n_test=2, seed=0,
                          size=32)

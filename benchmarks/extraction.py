@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pipeline.features.extract.backbones import load_resnet, resnet_body, resolve_weights  # noqa: E402
 from pipeline.core.ranks import pick_device  # noqa: E402
+from pipeline.features.extract.backbones import (load_resnet, resnet_body,  # noqa: E402
+                                                 resolve_weights)
 from pipeline.features.extract.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
 from pipeline.features.extract.runner import autocast  # noqa: E402
 

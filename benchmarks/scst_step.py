@@ -22,12 +22,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from trainer.decoders import build_decoder  # noqa: E402
-from trainer.rewards.cider import CiderD  # noqa: E402
-from trainer.decoders.top_down import TopDownConfig  # noqa: E402
 from trainer.batch import TrainBatch, whole_batch  # noqa: E402
+from trainer.decoders import build_decoder  # noqa: E402
+from trainer.decoders.top_down import TopDownConfig  # noqa: E402
 from trainer.objectives import Setting, StepKey  # noqa: E402
 from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
+from trainer.rewards.cider import CiderD  # noqa: E402
 
 VOCAB = 9487
 

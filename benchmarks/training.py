@@ -27,15 +27,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from pipeline.captions.prepared import Captions  # noqa: E402
+from pipeline.captions.vocab import Vocabulary  # noqa: E402
 from pipeline.features.extract.region_extraction import region_schema  # noqa: E402
 from pipeline.features.stores import Record, Schema, create_writer, field  # noqa: E402
-from pipeline.captions.prepared import Captions  # noqa: E402
 from trainer.data import Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
 from trainer.decoders import DECODERS, build_decoder  # noqa: E402
 from trainer.objectives import Setting, StepKey  # noqa: E402
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
-from pipeline.captions.vocab import Vocabulary  # noqa: E402
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
@@ -114,8 +114,8 @@ def beam_setups(images: int, device):
     feats = torch.randn(images, 36, 2048, device=device).abs()
     yield ("top_down, random, COCO size (hidden 512, 36x2048, vocab 9487)", model, feats,
            torch.ones(images, 36, dtype=torch.bool, device=device))
-    from trainer.checkpoint import load_checkpoint
     from pipeline.captions.prepared import load_captions
+    from trainer.checkpoint import load_checkpoint
     from trainer.data import Features
     from trainer.evaluation.evaluate import load_model
 

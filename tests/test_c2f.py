@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.core.errors import CapstackError
-from trainer.objectives.c2f import c2f_advantages
-from trainer.config import load_experiment
 from pipeline.captions.prepared import load_captions
+from pipeline.core.errors import CapstackError
 from trainer.cider_cache import build_cache
+from trainer.config import load_experiment
+from trainer.objectives.c2f import c2f_advantages
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 

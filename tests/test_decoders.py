@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.errors import CapstackError
-from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from pipeline.captions.prepared import load_captions
+from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
+from pipeline.core.errors import CapstackError
 from trainer.data import caption_tensor
 from trainer.decode import beam_search, greedy, sample
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Decoder
 from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_xe, teacher_forced,
-                             tiny_decoder_config)
+                              tiny_decoder_config)
 
 NAMES = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down",
          "stack_cap", "stack_cap_star"]

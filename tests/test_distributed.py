@@ -17,18 +17,18 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 
+from pipeline.captions.prepared import load_captions
 from pipeline.core.ranks import Ranks
+from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.engine.torchrun import without_option
 from pipeline.features.extract.grid import GridSettings, extract_grid
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
-from trainer.config import load_experiment
-from pipeline.captions.prepared import load_captions
 from trainer.cider_cache import build_cache
+from trainer.config import load_experiment
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.extract.grid import GridSettings, extract_grid
 from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.extract.grid import GridSettings, extract_grid
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
 

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from pipeline.core.errors import CapstackError
-from trainer.evaluation.figures import attention_figure, on_one_axis, training_curves, upsampled_attention
+from trainer.evaluation.figures import (attention_figure, on_one_axis, training_curves,
+                                        upsampled_attention)
 
 H, W, K = 48, 64, 4
 

@@ -14,10 +14,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from pipeline.features.extract.images import (IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, ImageDataset,
-                                     ImageSkipped, collate_images, detector_transform,
-                                     grid_transform, karpathy_items, load_rgb, stack_images)
 from pipeline.captions.karpathy import load_karpathy
+from pipeline.features.extract.images import (IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, ImageDataset,
+                                              ImageSkipped, collate_images, detector_transform,
+                                              grid_transform, karpathy_items, load_rgb,
+                                              stack_images)
 
 
 def pixels(image: Image.Image) -> np.ndarray:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import karpathy_image
-from pipeline.core.errors import CapstackError
 from pipeline.captions.karpathy import load_karpathy, tokenize
 from pipeline.captions.prepare import prepare_captions
 from pipeline.captions.vocab import Vocabulary
+from pipeline.core.errors import CapstackError
 
 
 def write(tmp_path, data, name="dataset.json"):

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.errors import CapstackError
 from pipeline.captions.vocab import EOS_ID, PAD_ID
+from pipeline.core.errors import CapstackError
+from trainer.cider_cache import build_cache
 from trainer.config import load_experiment
 from trainer.decode import sample
-from trainer.cider_cache import build_cache
 from trainer.objectives.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
 from trainer.train import train
 from trainer_fixtures import (make_decoder, make_prepared, teacher_forced, write_experiment,
-                             write_feature_store)
+                              write_feature_store)
 
 
 def test_loss_pushes_up_a_winning_sample_and_down_a_losing_one():

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.core.errors import CapstackError
 from pipeline.captions.karpathy import load_karpathy
+from pipeline.core.errors import CapstackError
 from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.demo.shapes.captions import captions_for
 from pipeline.demo.shapes.grammar import article, join_list, plural

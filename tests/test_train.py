@@ -10,9 +10,10 @@ import pytest
 import torch
 import yaml
 
-from pipeline.core.errors import CapstackError
-from trainer.config import load_experiment
 from pipeline.captions.prepared import load_captions
+from pipeline.core.errors import CapstackError
+from trainer.checkpoint import load_checkpoint
+from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import Run, train
@@ -305,3 +306,30 @@ def test_another_objective_name_starts_its_section_afresh(data, tmp_path):
     with pytest.raises(CapstackError, match=r"objective.baseline: 'mean' .* needs samples >= 2"):
         load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
                                "objective.baseline=mean", "objective.samples=1"])
+
+
+def test_evaluation_reads_the_eval_settings_of_the_experiment(data, tmp_path):
+    """`eval:` of the experiment the checkpoint carries, unless the command line says otherwise;
+    a finished run given new eval settings records them (its training is unchanged)."""
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[grid], epochs=1)
+    train(load_experiment(path, ["eval.beam_size=3", "eval.figures=0"]), tmp_path / "run",
+          progress=False)
+    weights = load_checkpoint(tmp_path / "run" / "best.pt")["model"]
+    first = evaluate_checkpoint(tmp_path / "run", tmp_path / "e1", spice=False)
+    assert (first["beam_size"], first["split"], first["figures"]) == (3, "test", 0)
+    again = train(load_experiment(path, ["eval.beam_size=2", "eval.split=val", "eval.figures=0"]),
+                  tmp_path / "run", progress=False)
+    assert again.resumed_at == (1, 0)  # nothing trained
+    ckpt = load_checkpoint(tmp_path / "run" / "best.pt")
+    assert ckpt["experiment"]["eval"]["beam_size"] == 2
+    assert all(torch.equal(weights[k], ckpt["model"][k]) for k in weights)
+    second = evaluate_checkpoint(tmp_path / "run", tmp_path / "e2", spice=False)
+    assert (second["beam_size"], second["split"]) == (2, "val")
+    assert (tmp_path / "e2" / "results_val.json").is_file()
+    given = evaluate_checkpoint(tmp_path / "run", tmp_path / "e3", beam_size=1, split="test",
+                                spice=False)
+    assert (given["beam_size"], given["split"]) == (1, "test")
+    with pytest.raises(CapstackError, match="capstack evaluate: eval.beam_size: must be at least 1"):
+        evaluate_checkpoint(tmp_path / "run", tmp_path / "e4", beam_size=0, spice=False)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.captions.vocab import digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
-from pipeline.captions.vocab import digest_words
 
 FORMAT = "capstack-checkpoint-2"
 FIRST_FORMAT = "capstack-checkpoint-1"  # flat experiment: decoder_config, train.objective

@@ -11,20 +11,21 @@ so a resumed run sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
-
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from pipeline.core.ranks import Ranks
+from pipeline.captions.prepared import Captions
+from pipeline.captions.vocab import BOS_ID as BOS
+from pipeline.captions.vocab import EOS_ID as EOS
+from pipeline.captions.vocab import PAD_ID as PAD
 from pipeline.core.errors import CapstackError
+from pipeline.core.ranks import Ranks
 from pipeline.features.stores import Batch, Record, open_store
 from pipeline.features.stores.buffer import BatchBuffer
 from pipeline.features.stores.pointer import read_pointer
-from pipeline.captions.prepared import Captions
-from pipeline.captions.vocab import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD
 from trainer.batch import EvalBatch, Share, TrainBatch
 
 BUCKET_SPAN = 50

@@ -35,11 +35,12 @@ import torch
 from tqdm import tqdm
 
 import pipeline
-from pipeline.core.atomic import atomic_file, replace_path, write_json
-from pipeline.core.ranks import Ranks, join
+from pipeline.captions.prepared import Captions, load_captions
+from pipeline.core.atomic import atomic_file, replace_path
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
-from pipeline.captions.prepared import Captions, load_captions
+from pipeline.core.jsonfile import write_json
+from pipeline.core.ranks import Ranks, join
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import Features, TrainBatches, check_coverage
@@ -91,8 +92,8 @@ class Run:
             self.device = ranks.device(config.train.device)
         except CapstackError as error:
             raise CapstackError(f"train.device: {error}") from None
-        self.captions: Captions = load_captions(config.data.captions)
         t = config.train
+        self.captions: Captions = load_captions(config.data.captions)
         self.features = Features(config.data.features, config.data.max_regions,
                                  config.data.box_geometry)
         check_coverage(self.captions, self.features)
@@ -331,6 +332,19 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
         return train_ranks(config, Path(out_dir), ranks, progress, restart_on_change)
 
 
+def record_experiment(out_dir: Path, experiment: dict) -> None:
+    """The run's checkpoints carry the experiment as it reads now: a resumed run may differ in
+    what does not change its training (eval settings, the name, more epochs), and evaluation
+    reads its settings from the checkpoint."""
+    for name in ("best.pt", "last.pt"):
+        path = out_dir / name
+        if path.is_file():
+            ckpt = load_checkpoint(path)
+            if ckpt["experiment"] != experiment:
+                ckpt.pop("path")
+                save_checkpoint(path, {**ckpt, "experiment": experiment})
+
+
 def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress: bool,
                 restart_on_change: bool) -> TrainResult:
     started = time.perf_counter()
@@ -362,6 +376,8 @@ def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress:
         log.info("%s epoch %d: val CIDEr %.3f", config.name, run.epoch, cider)
     if not (out_dir / "best.pt").is_file():
         run.save("best.pt")
+    if ranks.main:
+        record_experiment(out_dir, config.to_dict())
     result = TrainResult(out_dir, run.best_cider, run.best_epoch, run.epoch, run.step, resumed_at,
                          time.perf_counter() - started)
     if not ranks.main:

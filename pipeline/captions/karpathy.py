@@ -14,13 +14,13 @@ file, the image and the field.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import read_json
 
 SPLITS = ("train", "restval", "val", "test")
 _NOT_WORD = re.compile(r"[^a-z0-9 ]")
@@ -73,7 +73,7 @@ _KNOWN_IMAGE_KEYS = {"filepath", "filename", "imgid", "cocoid", "split", "sentid
 def load_karpathy(path: str | Path) -> KarpathyDataset:
     """Read and validate a Karpathy-format json."""
     path = Path(path)
-    data = _read_json(path)
+    data = read_json(path, "dataset json")
     images_raw = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images_raw, list):
         raise CapstackError(f'{path}: missing top-level "images" list')
@@ -82,20 +82,6 @@ def load_karpathy(path: str | Path) -> KarpathyDataset:
     images = tuple(_parse_image(path, i, raw) for i, raw in enumerate(images_raw))
     _check_unique_ids(path, images)
     return KarpathyDataset(path=path, name=str(data.get("dataset", path.stem)), images=images)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CapstackError(f"{path}: dataset json not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CapstackError(f"{path}: cannot read dataset json ({e})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CapstackError(f"{path}: not valid JSON (line {e.lineno} column {e.colno}: "
-                            f"{e.msg})") from None
 
 
 def _int_field(path: Path, where: str, raw: dict, key: str) -> int:

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.atomic import atomic_dir
-from pipeline.core.errors import CapstackError
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
 from pipeline.captions.prepared import SPLIT_CODES
 from pipeline.captions.vocab import Vocabulary
+from pipeline.core.atomic import atomic_dir
+from pipeline.core.errors import CapstackError
 
 OUT_SPLITS = ("train", "val", "test")
 SPLIT_CODE = {**SPLIT_CODES, "restval": SPLIT_CODES["train"]}  # restval counts as train

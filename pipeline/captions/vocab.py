@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import read_json
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -82,10 +83,4 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str | Path) -> "Vocabulary":
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CapstackError(f"{path}: vocabulary not found") from None
-        except (OSError, ValueError) as e:
-            raise CapstackError(f"{path}: cannot read vocabulary ({e})") from None
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path, "vocabulary"), str(path))

@@ -60,13 +60,3 @@ def atomic_file(path: str | os.PathLike):
             tmp.unlink()
         raise
     os.replace(tmp, path)
-
-
-def write_json(path: str | os.PathLike, value, indent: int | None = 1) -> Path:
-    """``value`` as JSON in ``path`` (a trailing newline), appearing whole or not at all."""
-    import json
-
-    path = Path(path)
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(value, indent=indent) + "\n")
-    return path

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.core.errors import CapstackError
 from pipeline.captions.karpathy import load_karpathy
+from pipeline.core.errors import CapstackError
 from pipeline.features.stores import open_store
 
 

@@ -13,8 +13,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from pipeline.core.hashing import HashCache
 from pipeline.captions.karpathy import KarpathyDataset
+from pipeline.core.hashing import HashCache
 
 
 def fingerprint(settings: dict) -> str:

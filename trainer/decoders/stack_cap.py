@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import (Context, DecoderOutput, LossTerms, StagedDecoder, State,
-                                   WordFeed)
+from trainer.decoders.base import Context, DecoderOutput, LossTerms, StagedDecoder, State, WordFeed
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
 

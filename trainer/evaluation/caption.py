@@ -17,8 +17,8 @@ import numpy as np
 from PIL import Image
 
 from pipeline.features.stores.schema import Schema, check_meta
-from trainer.checkpoint import load_checkpoint
 from trainer.batch import EvalBatch
+from trainer.checkpoint import load_checkpoint
 from trainer.data import batch_from_records, combine
 from trainer.evaluation.evaluate import load_model
 from trainer.evaluation.figures import attention_figure

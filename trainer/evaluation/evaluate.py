@@ -19,7 +19,7 @@ from PIL import Image
 
 from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
-from pipeline.core.atomic import write_json
+from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from trainer.checkpoint import check_identity, identity, load_checkpoint
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict

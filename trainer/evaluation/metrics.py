@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import json
 import math
 import re
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import CapstackError, where
+from pipeline.core.jsonfile import read_json
 
 ALL_METRICS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr", "SPICE")
 
@@ -251,19 +251,6 @@ def score(candidates: dict[int, str], references: dict[int, list[str]], *,
 
 # ---------------------------------------------------------------- files
 
-def _read_json(path: str | Path) -> Any:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CapstackError(f"{where(path)}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CapstackError(f"{where(path)}: cannot read: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CapstackError(f"{where(path)}: not valid JSON: {exc}") from None
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -283,7 +270,7 @@ def _field(path, entry: Any, index: int, kind: str, name: str, check, expected: 
 
 def load_results(path: str | Path) -> dict[int, str]:
     """A COCO results file (JSON list of {"image_id": int, "caption": str}) as {id: caption}."""
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, list):
         raise CapstackError(f"{where(path)}: expected a JSON list of results, "
                             f"got {type(data).__name__}")
@@ -307,7 +294,7 @@ def _image_ids(path, images: Any) -> set[int]:
 
 def load_references(path: str | Path) -> dict[int, list[str]]:
     """A COCO caption-annotation file (prepare's refs_{split}.json) as {id: [captions]}."""
-    data = _read_json(path)
+    data = read_json(path)
     if not isinstance(data, dict):
         raise CapstackError(f"{where(path)}: expected a JSON object with 'annotations'")
     annotations = data.get("annotations")

@@ -9,7 +9,6 @@ only; it knows no objective.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pandas as pd
 
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError, where
+from pipeline.core.jsonfile import read_json
 from trainer.evaluation.metrics import ALL_METRICS
 
 COLUMNS = ["Approach", "Training", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr",
@@ -71,14 +71,7 @@ def _is_number(value: Any) -> bool:
 
 def _read_metrics_doc(path: str | Path) -> dict:
     """The whole metrics.json written by evaluate, checked."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CapstackError(f"{where(path)}: file not found") from None
-    except json.JSONDecodeError as exc:
-        raise CapstackError(f"{where(path)}: not valid JSON: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CapstackError(f"{where(path)}: cannot read: {exc}") from None
+    doc = read_json(path, "metrics file")
     if not isinstance(doc, dict):
         raise CapstackError(f"{where(path)}: expected a JSON object")
     if not isinstance(doc.get("approach"), str) or not doc["approach"]:

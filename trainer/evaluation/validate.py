@@ -10,8 +10,8 @@ from contextlib import nullcontext
 
 import torch
 
-from pipeline.core.ranks import Ranks
 from pipeline.captions.prepared import Captions
+from pipeline.core.ranks import Ranks
 from trainer.data import Features, batches_of
 from trainer.decoders.base import Decoder
 from trainer.evaluation.metrics import cider, load_references, simple_tokenize

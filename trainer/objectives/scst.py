@@ -24,12 +24,12 @@ import torch
 from torch import Tensor
 
 from pipeline.captions.vocab import EOS_ID
+from pipeline.core.errors import CapstackError
+from trainer.batch import Share
 from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, Setting, StepKey
-from trainer.batch import Share
-from pipeline.core.errors import CapstackError
 from trainer.rewards.cider import CiderD
 
 

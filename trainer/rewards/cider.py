@@ -28,9 +28,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pipeline.captions.vocab import digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
-from pipeline.captions.vocab import digest_words
 
 MAX_N = 4
 SIGMA = 6.0

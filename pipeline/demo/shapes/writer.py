@@ -23,13 +23,12 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from pipeline.core.atomic import atomic_dir
-from pipeline.core.errors import CapstackError
-from pipeline.captions.karpathy import tokenize
-
 from .captions import CAPTIONS_PER_IMAGE, captions_for
 from .draw import render
 from .scene import Scene, sample_scene
+from pipeline.captions.karpathy import tokenize
+from pipeline.core.atomic import atomic_dir
+from pipeline.core.errors import CapstackError
 
 MIN_SIZE = 32
 JSON_NAME = "dataset_shapes.json"

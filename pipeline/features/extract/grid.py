@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from pipeline.core.ranks import pick_device
-from pipeline.features.extract.backbones import build_resnet, feature_channels, load_resnet, \
-    resnet_body, resolve_weights
+from pipeline.features.extract.backbones import (build_resnet, feature_channels, load_resnet,
+                                                 resnet_body, resolve_weights)
 from pipeline.features.extract.images import grid_transform, stack_images
 from pipeline.features.extract.job import ExtractionJob, JobResult, run_job
 from pipeline.features.extract.runner import autocast

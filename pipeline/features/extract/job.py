@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Callable
 
 import pipeline
-from pipeline.core.atomic import write_json
-from pipeline.core.ranks import Ranks, join
+from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import HashCache
+from pipeline.core.jsonfile import write_json
+from pipeline.core.ranks import Ranks, join
+from pipeline.core.runlock import exclusive_run
+from pipeline.features.extract.images import karpathy_items
 from pipeline.features.extract.runner import BatchModel, run_extraction
 from pipeline.features.extract.shards import check_shards_fit, merge_shards, shard_items, shard_path
 from pipeline.features.fingerprint import fingerprint, images_digest
-from pipeline.core.hashing import HashCache
-from pipeline.captions.karpathy import load_karpathy
-from pipeline.core.runlock import exclusive_run
 from pipeline.features.stores import Schema, create_writer, open_store, store_format
 from pipeline.features.stores.pointer import write_pointer
 
@@ -115,7 +116,7 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
-            items = [(im.image_id, job.image_root / im.relpath) for im in dataset.images]
+            items = karpathy_items(dataset.images, job.image_root)
             result = _extract(job, items, path, meta, make_model, transform, batch_size,
                               workers, progress, pin_memory)
     if ranks.main:
@@ -147,7 +148,7 @@ def _check_reusable(path: Path, fp: str) -> Path:
 def _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size, workers,
                      progress, pin_memory, ranks: Ranks) -> JobResult:
     """This rank's shard, then (rank 0) the merge; every rank returns the merged store."""
-    items = [(im.image_id, job.image_root / im.relpath) for im in dataset.images]
+    items = karpathy_items(dataset.images, job.image_root)
     shard = shard_path(path, ranks.rank, ranks.world)
     path.parent.mkdir(parents=True, exist_ok=True)
     check_shards_fit(path, ranks.world)

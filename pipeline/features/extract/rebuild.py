@@ -16,12 +16,12 @@ from typing import Callable, Sequence
 import torch
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import md5_of_file
 from pipeline.features.extract import grid as grid_module
 from pipeline.features.extract import region_extraction
 from pipeline.features.extract.backbones import RANDOM, Weights, load_resnet, resnet_body
 from pipeline.features.extract.images import (ImageDataset, collate_images, detector_transform,
-                                     grid_transform)
-from pipeline.core.hashing import md5_of_file
+                                              grid_transform)
 from pipeline.features.stores import Record
 
 Extract = Callable[[Sequence[Path]], list[Record]]

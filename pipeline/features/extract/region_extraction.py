@@ -15,15 +15,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
-from pipeline.features.extract.backbones import RANDOM, RANDOM_SEED, resolve_weights
+from pipeline.core.hashing import md5_of_file
 from pipeline.core.ranks import pick_device
+from pipeline.features.extract.backbones import RANDOM, RANDOM_SEED, resolve_weights
 from pipeline.features.extract.images import detector_transform
 from pipeline.features.extract.job import ExtractionJob, JobResult, run_job
-from pipeline.features.extract.regions import RegionFeatureExtractor, build_detector, load_detector_weights
+from pipeline.features.extract.regions import (RegionFeatureExtractor, build_detector,
+                                               load_detector_weights)
 from pipeline.features.extract.runner import autocast
-from pipeline.core.hashing import md5_of_file
-from pipeline.captions.karpathy import load_karpathy
 from pipeline.features.stores import Record, Schema, field
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features

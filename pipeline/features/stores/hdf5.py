@@ -33,14 +33,12 @@ _STR = h5py.string_dtype()
 class Hdf5Writer(StoreWriter):
     def __init__(self, path, meta):
         super().__init__(path, meta)
-        self.restarted = False
         self._file = None
         if self.partial.exists():
             try:
                 self._file = h5py.File(self.partial, "a")
             except OSError:
                 self.partial.unlink()  # damaged by the kill: redo its records
-                self.restarted = True
         if self._file is None:
             self._create()
         else:

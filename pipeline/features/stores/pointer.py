@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pipeline.core.atomic import write_json
 from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import read_json, write_json
 
 
 def write_pointer(pointer: Path, store: Path, fp: str) -> None:
@@ -18,10 +17,7 @@ def read_pointer(pointer: str | Path) -> Path:
     pointer = Path(pointer)
     if pointer.suffix != ".json":
         return pointer
-    try:
-        return Path(json.loads(pointer.read_text())["store"])
-    except FileNotFoundError:
-        raise CapstackError(f"{pointer}: store pointer not found") from None
-    except (ValueError, KeyError, TypeError):
-        raise CapstackError(f"{pointer}: not a store pointer (expected {{\"store\": ...}})") \
-            from None
+    data = read_json(pointer, "store pointer")
+    if not isinstance(data, dict) or not isinstance(data.get("store"), str):
+        raise CapstackError(f"{pointer}: not a store pointer (expected {{\"store\": ...}})")
+    return Path(data["store"])
