@@ -308,6 +308,7 @@ def test_another_objective_name_starts_its_section_afresh(data, tmp_path):
                                "objective.baseline=mean", "objective.samples=1"])
 
 
+@pytest.mark.slow
 def test_evaluation_reads_the_eval_settings_of_the_experiment(data, tmp_path):
     """`eval:` of the experiment the checkpoint carries, unless the command line says otherwise;
     a finished run given new eval settings records them (its training is unchanged)."""
