@@ -96,7 +96,8 @@ class Schema:
     def from_meta(cls, meta: Mapping, where: str) -> "Schema":
         """The schema a store's metadata declares (fields in their declared order, which is
         the order of a record's arrays in LMDB, ``features`` first)."""
-        declared = upgrade_meta(dict(meta)).get("fields")
+        meta = upgrade_meta(dict(meta))
+        declared = meta.get("fields")
         if not isinstance(declared, Mapping) or "features" not in declared:
             raise CapstackError(f"{where}: store metadata fields: must declare 'features'")
         fields = [_field_from_meta(name, spec, where)
@@ -106,7 +107,7 @@ class Schema:
             raise CapstackError(f"{where}: store metadata fields.features: expected shape "
                                 f"[N, D] of {' or '.join(FEATURE_DTYPES)}, got "
                                 f"{features.to_meta()}")
-        grid = upgrade_meta(dict(meta)).get("grid")
+        grid = meta.get("grid")
         if grid is not None and (not isinstance(grid, int) or grid < 1):
             raise CapstackError(f"{where}: store metadata grid: expected a positive int, "
                                 f"got {grid!r}")
