@@ -207,6 +207,72 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
                                 workers=workers, device=device))
 
 
+@stage_command("import-features", code="pipeline.features.interchange.importer")
+@click.argument("source_format", metavar="FORMAT")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--dataset", "dataset_json", required=True,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The Karpathy-format json whose images the records are matched to.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Store path (.lmdb or .h5). Default: named by fingerprint under the shared "
+                   "root, and reused when it exists.")
+@click.option("--features-root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Shared root [$CAPSTACK_FEATURES or ~/.cache/capstack/features].")
+@click.option("--store-format", type=click.Choice(["lmdb", "hdf5"]), default=None,
+              help="Store backend when --out's suffix does not say [lmdb].")
+@click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a small json naming the store (a stage's out).")
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
+              show_default=True)
+@click.option("--match", type=click.Choice(["auto", "stem", "id"]), default="auto",
+              show_default=True, help="How a source's names for images meet the dataset's: "
+                                      "file stems, image ids, or stem then id then a trailing "
+                                      "number.")
+@click.option("--image-root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The dataset's images: their sizes, for formats that record none.")
+@click.option("--describe", multiple=True, metavar="KEY=VALUE",
+              help="Recorded in the store about the producer (e.g. caffemodel=..., "
+                   "max_boxes=100); repeatable.")
+@click.option("--commit-mb", default=64.0, show_default=True,
+              help="Source MB read between commits (what a killed import reads again).")
+def import_features_cmd(source_format, sources, dataset_json, out, features_root, store_format,
+                        pointer, dtype, match, image_root, describe, commit_mb):
+    """Import another toolkit's features (FORMAT: see `capstack formats`) into a store."""
+    from pipeline.features.interchange.importer import ImportJob, import_features
+
+    job = ImportJob(source_format, list(sources), dataset_json, dtype=dtype, match=match,
+                    image_root=image_root, describe=_key_values(describe, "--describe"), out=out,
+                    root=features_root, store_format=store_format,
+                    commit_bytes=max(1, int(commit_mb * 2**20)))
+    result = import_features(job, pointer=pointer)
+    if result.reused:
+        click.echo(f"reusing store {result.store} (fingerprint {result.fingerprint}): "
+                   f"nothing to import")
+        return
+    for line in result.report.lines():
+        click.echo(line)
+    click.echo(f"read {result.nbytes / 2**20:.1f} MB in {result.seconds:.1f} s "
+               f"({result.mb_per_s:.1f} MB/s) -> {result.store}")
+
+
+def _key_values(pairs, option: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise CapstackError(f"{option} {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+@main.command("formats")
+def formats_cmd():
+    """The outside feature layouts import-features reads: name, then whose layout it is."""
+    from pipeline.features.interchange.formats import FORMATS
+
+    _echo_summaries(FORMATS)
+
+
 @stage_command("train-backbone", code="pipeline.demo.backbone")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
@@ -430,7 +496,7 @@ def verify_cmd(store, dataset_json):
 
     result = verify_store(read_pointer(store), dataset_json)
     click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
-               f"({result['skipped']} skipped at extraction are reported by training)")
+               f"({result['skipped']} skipped when the store was made, reported by training)")
 
 
 @main.command("stores")
@@ -438,7 +504,7 @@ def verify_cmd(store, dataset_json):
 def stores_cmd(features_root):
     """The stores under the shared root: what a record holds, size, count, and who uses them."""
     from pipeline.features.catalog import list_stores
-    from pipeline.features.extract.job import features_root as resolve_root
+    from pipeline.features.placement import features_root as resolve_root
 
     root = resolve_root(features_root)
     rows = list_stores(root)

@@ -16,8 +16,10 @@ import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 _CHUNK = 1 << 20
+Progress = Callable[[int], None] | None  # told the bytes of each chunk read
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,13 @@ class Digest:
         return {"md5": self.md5, "size": self.size, "nfiles": self.nfiles}
 
 
-def md5_of_file(path: str | os.PathLike) -> str:
+def md5_of_file(path: str | os.PathLike, progress: Progress = None) -> str:
     h = hashlib.md5()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
+            if progress:
+                progress(len(chunk))
     return h.hexdigest()
 
 
@@ -114,12 +118,14 @@ class HashCache:
         self.save()
 
     # -- hashing -------------------------------------------------------------
-    def _file_md5(self, abspath: str, st: os.stat_result) -> str:
+    def _file_md5(self, abspath: str, st: os.stat_result, progress: Progress = None) -> str:
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         known = self._fresh.get(abspath) or self._known.get(abspath)
         if known and known[:3] == key:
+            if progress:
+                progress(st.st_size)
             return known[3]
-        md5 = md5_of_file(abspath)
+        md5 = md5_of_file(abspath, progress)
         self._fresh[abspath] = (*key, md5)
         return md5
 
@@ -127,18 +133,18 @@ class HashCache:
         abspath = os.path.abspath(path)
         return self._file_md5(abspath, os.stat(abspath))
 
-    def digest(self, path: str | os.PathLike) -> Digest | None:
+    def digest(self, path: str | os.PathLike, progress: Progress = None) -> Digest | None:
         """Digest of a file or a folder; ``None`` when ``path`` does not exist."""
         abspath = os.path.abspath(path)
         if os.path.isfile(abspath):
             st = os.stat(abspath)
-            return Digest(self._file_md5(abspath, st), st.st_size, 1)
+            return Digest(self._file_md5(abspath, st, progress), st.st_size, 1)
         if not os.path.isdir(abspath):
             return None
         listing = hashlib.md5()
         size = nfiles = 0
         for rel, st in _walk_files(abspath):
-            md5 = self._file_md5(os.path.join(abspath, rel), st)
+            md5 = self._file_md5(os.path.join(abspath, rel), st, progress)
             listing.update(f"{rel}\0{md5}\n".encode())
             size += st.st_size
             nfiles += 1

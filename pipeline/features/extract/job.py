@@ -1,21 +1,13 @@
 """One extraction from settings to a complete, shared, named store.
 
-A store's name is ``<kind>-<backbone>-<fingerprint>`` (kind: grid or regions,
-the extractor's word) under the shared root
-(``--features-root``, else ``$CAPSTACK_FEATURES``, else
-``~/.cache/capstack/features``), unless ``--out`` names it. When a complete
-store with that fingerprint exists, extraction is skipped and the store is
-reused. ``--pointer FILE`` writes a small json naming the store, which is what
-a stage declares as its out (the store itself is shared, outside any workdir).
-Each store keeps beside it ``<name>.users.json``: the pointers and stages that
-used it, for ``capstack stores``. Under torchrun each process extracts a shard
+The store is named ``<kind>-<backbone>-<fingerprint>`` (kind: grid or regions,
+the extractor's word) and placed, reused and published as every store is
+(pipeline/features/placement.py). Under torchrun each process extracts a shard
 and rank 0 merges them into the one store (pipeline/features/extract/shards.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,26 +15,15 @@ from typing import Callable
 
 import pipeline
 from pipeline.captions.karpathy import load_karpathy
-from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
-from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
 from pipeline.core.runlock import exclusive_run
 from pipeline.features.extract.images import karpathy_items
 from pipeline.features.extract.runner import BatchModel, run_extraction
 from pipeline.features.extract.shards import check_shards_fit, merge_shards, shard_items, shard_path
 from pipeline.features.fingerprint import fingerprint, images_digest
-from pipeline.features.stores import Schema, create_writer, open_store, store_format
-from pipeline.features.stores.pointer import write_pointer
-
-SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
-
-
-def features_root(explicit: str | Path | None = None) -> Path:
-    if explicit:
-        return Path(explicit).expanduser()
-    env = os.environ.get("CAPSTACK_FEATURES")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "capstack" / "features"
+from pipeline.features.placement import check_reusable, features_root, publish, store_path
+from pipeline.features.stores import Schema, create_writer
 
 
 @dataclass
@@ -100,7 +81,8 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
     settings = {"kind": job.kind, "backbone": job.backbone, "dtype": job.dtype,
                 "images": images, **job.settings}
     fp = fingerprint(settings)
-    path = _store_path(job, root, fp)
+    path = store_path(f"{job.kind}-{job.backbone}", fp, out=job.out, root=root,
+                      format=job.format)
     meta = {**job.schema.to_meta(),
             "producer": {"name": job.settings["extractor"], "settings": settings,
                          "about": job.describe},
@@ -109,7 +91,7 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
             "image_root": str(Path(job.image_root).resolve()),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if path.exists():
-        result = JobResult(_check_reusable(path, fp), fp, reused=True)
+        result = JobResult(check_reusable(path, fp), fp, reused=True)
     elif ranks.distributed:
         result = _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size,
                                   workers, progress, pin_memory, ranks)
@@ -120,29 +102,8 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
             result = _extract(job, items, path, meta, make_model, transform, batch_size,
                               workers, progress, pin_memory)
     if ranks.main:
-        _record_user(path, pointer)
-        if pointer:
-            write_pointer(pointer, path, fp)
+        publish(path, fp, pointer)
     return result
-
-
-def _store_path(job: ExtractionJob, root: Path, fp: str) -> Path:
-    if job.out:
-        store_format(job.out, job.format)  # refuse an unknown suffix before any work
-        return Path(job.out)
-    fmt = job.format or "lmdb"
-    store_format(f"x{SUFFIX.get(fmt, '')}", fmt)
-    return root / f"{job.kind}-{job.backbone}-{fp}{SUFFIX[fmt]}"
-
-
-def _check_reusable(path: Path, fp: str) -> Path:
-    store = open_store(path)
-    if store.meta["fingerprint"] != fp:
-        raise CapstackError(f"{path}: holds other features (fingerprint "
-                            f"{store.meta['fingerprint']}, these settings give {fp}); delete it "
-                            f"or choose another --out")
-    store.close()
-    return path
 
 
 def _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size, workers,
@@ -181,16 +142,3 @@ def _extract(job, items, path, meta, make_model, transform, batch_size, workers,
         writer.close()
     return JobResult(path, meta["fingerprint"], reused=False, extracted=report.extracted,
                      skipped=len(writer.skipped), seconds=report.seconds)
-
-
-def _record_user(store: Path, pointer: Path | None) -> None:
-    users_file = store.with_name(store.name + ".users.json")
-    try:
-        users = json.loads(users_file.read_text())
-    except (OSError, ValueError):
-        users = []
-    entry = {"stage": os.environ.get("CAPSTACK_STAGE", ""),
-             "pointer": str(Path(pointer).resolve()) if pointer else ""}
-    if entry not in users:
-        users.append(entry)
-        write_json(users_file, users)

@@ -9,9 +9,7 @@ with every finished batch kept.
 
 from __future__ import annotations
 
-import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -20,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.interrupt import stop_at_batch_boundary
 from pipeline.features.extract.images import ImageDataset, collate_images
 from pipeline.features.stores import Record, StoreWriter
 
@@ -35,25 +34,6 @@ class LoopReport:
     @property
     def images_per_s(self) -> float:
         return self.extracted / self.seconds if self.seconds else 0.0
-
-
-@contextmanager
-def _stop_at_batch_boundary():
-    """While active, Ctrl-C sets a flag instead of raising inside a batch."""
-    state = {"stop": False}
-
-    def handler(signum, frame):
-        state["stop"] = True
-
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        previous = None
-    try:
-        yield state
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
 
 
 def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model: BatchModel,
@@ -72,7 +52,7 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
     started = time.perf_counter()
     bar = tqdm(total=len(todo), desc=writer.meta["producer"]["name"], unit="img",
                disable=not progress, initial=0)
-    with _stop_at_batch_boundary() as state, bar:
+    with stop_at_batch_boundary() as state, bar:
         for batch in loader:
             records = model(batch) if batch["image_ids"] else []
             writer.write(list(zip(batch["image_ids"], records)), batch["skipped"])

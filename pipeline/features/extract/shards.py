@@ -13,12 +13,11 @@ resumes like any partial store.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import Sequence
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.stores import create_writer, open_store, partial_path
+from pipeline.features.stores import create_writer, open_store, remove_store
 
 MERGE_CHUNK = 64  # records per commit while merging
 
@@ -90,14 +89,3 @@ def merge_shards(store: Path, meta: dict, order: Sequence[int], world: int,
     for shard in shards:
         remove_store(shard)
     return store
-
-
-def remove_store(path: Path) -> None:
-    for each in (path, partial_path(path)):
-        if each.is_dir():
-            shutil.rmtree(each)
-        elif each.exists():
-            each.unlink()
-    lock = path.with_name(path.name + ".lock")
-    if lock.exists():
-        lock.unlink()

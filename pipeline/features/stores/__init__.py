@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from pipeline.core.errors import CapstackError
@@ -47,5 +48,18 @@ def create_writer(path: str | Path, meta: dict, format: str | None = None) -> St
     return Hdf5Writer(path, meta)
 
 
+def remove_store(path: str | Path) -> None:
+    """Delete a store, complete or partial, and its lock file."""
+    path = Path(path)
+    for each in (path, partial_path(path)):
+        if each.is_dir():
+            shutil.rmtree(each)
+        elif each.exists():
+            each.unlink()
+    lock = path.with_name(path.name + ".lock")
+    if lock.exists():
+        lock.unlink()
+
+
 __all__ = ["Batch", "Field", "Record", "Schema", "StoreReader", "StoreWriter", "create_writer",
-           "field", "open_store", "partial_path", "store_format"]
+           "field", "open_store", "partial_path", "remove_store", "store_format"]

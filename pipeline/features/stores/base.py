@@ -39,6 +39,10 @@ class StoreWriter(ABC):
 
     Opening a writer on an existing partial store resumes it: :attr:`done` holds
     the image ids already written or skipped, and nothing is written twice.
+    A writer that streams its input (an import) commits with each batch a small
+    JSON ``progress`` note (where it stopped in its sources), which a resuming
+    writer finds in :attr:`progress`: the note and the records it covers are
+    kept or lost together.
     """
 
     def __init__(self, path: str | os.PathLike, meta: dict):
@@ -48,20 +52,30 @@ class StoreWriter(ABC):
         self.schema = Schema.from_meta(self.meta, str(self.path))
         self.done: set[int] = set()
         self.skipped: dict[int, str] = {}
+        self.progress: dict | None = None
 
     def write(self, records: Sequence[tuple[int, Record]],
-              skipped: Iterable[tuple[int, str]] = ()) -> None:
-        """Commit a batch of records and skipped images at once."""
-        checked = [(int(i), check_record(self.schema, int(i), r, str(self.path)))
-                   for i, r in records]
-        fresh_skips = [(int(i), str(reason)) for i, reason in skipped if int(i) not in self.done]
-        checked = [(i, r) for i, r in checked if i not in self.done]
-        if not checked and not fresh_skips:
+              skipped: Iterable[tuple[int, str]] = (), progress: dict | None = None) -> None:
+        """Commit a batch of records, skipped images and the progress note at once
+        (an image already written, or twice in the batch, is written once)."""
+        seen = set(self.done)
+        checked, fresh_skips = [], []
+        for i, r in records:
+            if int(i) not in seen:
+                seen.add(int(i))
+                checked.append((int(i), check_record(self.schema, int(i), r, str(self.path))))
+        for i, reason in skipped:
+            if int(i) not in seen:
+                seen.add(int(i))
+                fresh_skips.append((int(i), str(reason)))
+        if not checked and not fresh_skips and progress is None:
             return
-        self._commit(checked, fresh_skips)
+        self._commit(checked, fresh_skips, progress)
         self.done.update(i for i, _ in checked)
         self.done.update(i for i, _ in fresh_skips)
         self.skipped.update(fresh_skips)
+        if progress is not None:
+            self.progress = progress
 
     def finish(self) -> Path:
         """Write the final metadata and rename the partial store into place."""
@@ -76,7 +90,8 @@ class StoreWriter(ABC):
         return self.path
 
     @abstractmethod
-    def _commit(self, records: list[tuple[int, Record]], skipped: list[tuple[int, str]]): ...
+    def _commit(self, records: list[tuple[int, Record]], skipped: list[tuple[int, str]],
+                progress: dict | None) -> None: ...
 
     @abstractmethod
     def _write_final_meta(self) -> None: ...

@@ -8,7 +8,8 @@ Layout of the file (ending in ``.h5``):
   ``hw`` [., 2] int32 (height, width);
 * ``skipped_ids`` int64 and ``skipped_reasons`` (strings);
 * attributes ``meta`` (JSON), ``committed_records``, ``committed_rows``,
-  ``committed_skipped``.
+  ``committed_skipped`` and, while partial, ``progress`` (a streaming writer's
+  note, JSON).
 
 HDF5 files are not crash-safe, so each commit appends, flushes, and only then
 advances the ``committed_*`` counters; a writer resuming after a kill
@@ -58,10 +59,14 @@ class Hdf5Writer(StoreWriter):
         f.attrs["meta"] = json.dumps(self.meta)
         self._set_committed(0, 0, 0)
 
-    def _set_committed(self, records: int, rows: int, skipped: int) -> None:
+    def _set_committed(self, records: int, rows: int, skipped: int,
+                       progress: dict | None = None) -> None:
         self._file.flush()
-        self._file.attrs.update({"committed_records": records, "committed_rows": rows,
-                                 "committed_skipped": skipped})
+        counters = {"committed_records": records, "committed_rows": rows,
+                    "committed_skipped": skipped}
+        if progress is not None:
+            counters["progress"] = json.dumps(progress)
+        self._file.attrs.update(counters)
         self._file.flush()
 
     def _counts(self) -> tuple[int, int, int]:
@@ -76,6 +81,8 @@ class Hdf5Writer(StoreWriter):
             raise CapstackError(f"{self.partial}: an unfinished store made with other settings "
                                 f"(fingerprint {old.get('fingerprint')}) is in the way; delete it")
         records, rows, skipped = self._counts()
+        progress = f.attrs.get("progress")
+        self.progress = json.loads(progress) if progress is not None else None
         for name in ("image_ids", "row_start", "row_count", "hw"):
             f[name].resize(records, axis=0)
         for name in self.schema.names:
@@ -93,7 +100,7 @@ class Hdf5Writer(StoreWriter):
         dataset.resize(n + len(values), axis=0)
         dataset[n:] = values
 
-    def _commit(self, records, skipped) -> None:
+    def _commit(self, records, skipped, progress) -> None:
         f = self._file
         n_records, n_rows, n_skipped = self._counts()
         if records:
@@ -111,10 +118,12 @@ class Hdf5Writer(StoreWriter):
             self._append(f["skipped_ids"], np.array([i for i, _ in skipped], np.int64))
             self._append(f["skipped_reasons"], np.array([r for _, r in skipped], dtype=object))
             n_skipped += len(skipped)
-        self._set_committed(n_records, n_rows, n_skipped)
+        self._set_committed(n_records, n_rows, n_skipped, progress)
 
     def _write_final_meta(self) -> None:
         self._file.attrs["meta"] = json.dumps(self.meta)
+        if "progress" in self._file.attrs:
+            del self._file.attrs["progress"]
         self._file.flush()
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ Layout of the environment (a folder ending in ``.lmdb``):
   as one of today's with those fields declared);
 * ``s:<image id>`` -> the reason the image was skipped;
 * ``__meta__`` -> the metadata JSON; ``__ids__`` -> the record ids (int64),
-  written by ``finish``.
+  written by ``finish``; ``__progress__`` -> a streaming writer's progress note
+  while the store is partial.
 
 py-lmdb refuses to open an environment twice in one process, and a child made
 by ``fork`` inherits its parent's open environments. Readers therefore share
@@ -31,7 +32,7 @@ from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWrite
 from pipeline.features.stores.schema import Schema
 
 _HEADER = struct.Struct("<iiii")
-_META, _IDS = b"__meta__", b"__ids__"
+_META, _IDS, _PROGRESS = b"__meta__", b"__ids__", b"__progress__"
 _MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 
 
@@ -84,6 +85,8 @@ class LmdbWriter(StoreWriter):
                 raise CapstackError(
                     f"{self.partial}: an unfinished store made with other settings "
                     f"(fingerprint {old.get('fingerprint')}) is in the way; delete it")
+            progress = txn.get(_PROGRESS)
+            self.progress = json.loads(bytes(progress)) if progress is not None else None
             for key, value in txn.cursor():
                 if key.startswith(b"r:"):
                     self.done.add(int(key[2:]))
@@ -91,8 +94,10 @@ class LmdbWriter(StoreWriter):
                     self.done.add(int(key[2:]))
                     self.skipped[int(key[2:])] = bytes(value).decode()
 
-    def _commit(self, records, skipped) -> None:
+    def _commit(self, records, skipped, progress) -> None:
         with self._env.begin(write=True) as txn:
+            if progress is not None:
+                txn.put(_PROGRESS, json.dumps(progress).encode())
             for image_id, record in records:
                 txn.put(_record_key(image_id), encode_record(record, self.schema))
             for image_id, reason in skipped:
@@ -103,6 +108,7 @@ class LmdbWriter(StoreWriter):
         with self._env.begin(write=True) as txn:
             txn.put(_META, json.dumps(self.meta).encode())
             txn.put(_IDS, ids.tobytes())
+            txn.delete(_PROGRESS)
         self._env.sync(True)
 
     def close(self) -> None:

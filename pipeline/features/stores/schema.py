@@ -22,6 +22,7 @@ or regions and the settings twice) are read through :func:`upgrade_meta`.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -192,16 +193,41 @@ def check_record(schema: Schema, image_id: int, record: Record, where: str) -> R
 
 
 def _finite(features: np.ndarray, dtype: np.dtype, image_id: int, where: str) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        cast = features.astype(dtype, copy=False)
-    if not np.isfinite(cast).all():
+    """``features`` in ``dtype``, refused when a value is not finite there (NaN, inf, or beyond
+    float16's range). The check reads the extremes (NaN propagates to them) and the cast is
+    torch's vectorised one: both a few times faster than numpy's on the 2048-wide rows."""
+    if not representable(features, dtype):
         peak = float(np.nanmax(np.abs(features.astype(np.float64))))
         raise CapstackError(
-            f"{where}: image {image_id}: non-finite feature values (largest magnitude {peak:.3g}"
-            f"{' overflows float16' if dtype == np.float16 and peak > 65504 else ''}); "
-            f"refusing to write them. Random deep networks produce such values: use trained "
-            f"weights, or --dtype float32 when the magnitudes are genuine")
-    return cast
+            f"{where}: image {image_id}: non-finite feature values (largest magnitude "
+            f"{peak:.3g}{' overflows float16' if dtype == np.float16 and peak > 65504 else ''}"
+            f"); refusing to write them. Random deep networks produce such values: use "
+            f"trained weights, or --dtype float32 when the magnitudes are genuine")
+    return cast(features, dtype)
+
+
+def representable(values: np.ndarray, dtype: np.dtype) -> bool:
+    """Every value finite and within ``dtype``'s range (NaN propagates to the extremes)."""
+    if not values.size:
+        return True
+    with np.errstate(invalid="ignore"):
+        low, high = values.min(), values.max()
+    limit = np.finfo(dtype).max
+    return bool(-limit <= low and high <= limit)
+
+
+def cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``array`` as ``dtype`` (itself when it already is)."""
+    if array.dtype == dtype:
+        return array
+    if array.dtype == np.float32 and dtype == np.float16:
+        import torch
+
+        with warnings.catch_warnings():  # a read-only array (np.frombuffer) is only read here
+            warnings.simplefilter("ignore", UserWarning)
+            source = torch.from_numpy(np.ascontiguousarray(array))
+        return source.to(torch.float16).numpy()
+    return array.astype(dtype)
 
 
 # ------------------------------------------------------------------------- the first format

@@ -1,0 +1,134 @@
+"""``mmf-npy`` and ``mmf-lmdb``: facebookresearch/mmf's feature folders and their LMDB.
+
+MMF's extractors (``tools/scripts/features/extract_features_vmb.py``,
+``extract_features_frcnn.py``) write ``<stem>.npy`` (float32 ``[N, 2048]``)
+and ``<stem>_info.npy``, a pickled dict: ``bbox`` ``[N, 4]`` (x1, y1, x2, y2
+in image pixels), ``num_boxes``, ``objects`` (class ids), ``cls_prob`` (``[N,
+C]`` or ``[N]``), ``image_width``, ``image_height``. ``lmdb_conversion.py``
+packs them into a folder LMDB: keys the relative stem, values a pickled dict of
+``features`` and the info fields, and a reserved ``keys`` entry (ViLBERT's
+conversion names them ``boxes``, ``image_w``, ``image_h``). Every pickle is
+read with the restricted unpickler. The vmb extractor keeps 100 rows with a
+smaller ``num_boxes`` (the confident ones), so the rows are what count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from pipeline.core.errors import CapstackError
+from pipeline.features.interchange import safe_pickle
+from pipeline.features.interchange.formats import FORMATS
+from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, Step, existing
+from pipeline.features.interchange.formats.folder import folder_steps, listing
+from pipeline.features.interchange.formats.lmdb_source import data_file, lmdb_steps
+from pipeline.features.stores import Record
+
+INFO = "_info.npy"
+
+
+def _first(info: dict, *names):
+    return next((info[n] for n in names if info.get(n) is not None), None)
+
+
+def mmf_record(features, info: dict) -> Record:
+    features = np.asarray(features)
+    if features.ndim != 2:
+        raise BadRow(f"features of shape {list(features.shape)}, expected [N, D]")
+    n, fields = features.shape[0], {}
+    boxes = _first(info, "bbox", "boxes")
+    if boxes is not None:
+        boxes = np.asarray(boxes, np.float32)
+        if boxes.shape != (n, 4):
+            raise BadRow(f"bbox of shape {list(boxes.shape)} for {n} feature rows")
+        fields["boxes"] = boxes
+    classes = info.get("objects")
+    if classes is not None:
+        fields["classes"] = _per_row(classes, n, "objects")
+    prob = info.get("cls_prob")
+    if prob is not None:
+        prob = np.asarray(prob)
+        fields["scores"] = _per_row(prob.max(1) if prob.ndim == 2 else prob, n, "cls_prob")
+    height = _first(info, "image_height", "image_h") or 0
+    width = _first(info, "image_width", "image_w") or 0
+    return Record(features, int(height), int(width), **fields)
+
+
+def _per_row(values, n: int, name: str) -> np.ndarray:
+    values = np.asarray(values)
+    if values.shape != (n,):
+        raise BadRow(f"{name} of shape {list(values.shape)} for {n} feature rows")
+    return values
+
+
+def _plain(loader, *args):
+    try:
+        return loader(*args)
+    except safe_pickle.RefusedPickle:
+        raise
+    except CapstackError as error:
+        raise BadRow(str(error).split(": ", 1)[-1]) from None
+
+
+@FORMATS.register("mmf-npy")
+class MmfNpy(FeatureFormat):
+    """MMF's extractor folders: <stem>.npy features + <stem>_info.npy (pickled dict)"""
+
+    name = "mmf-npy"
+
+    def units(self, sources: list[Path]) -> list[Path]:
+        for source in existing(sources, "MMF feature folder"):
+            if not source.is_dir():
+                raise CapstackError(f"{source}: expected a folder of <stem>.npy + "
+                                    f"<stem>_info.npy files")
+        return list(sources)
+
+    def steps(self, unit: Path, start) -> Iterator[Step]:
+        def read(path: Path) -> Record:
+            features = _plain(_load_npy, path)
+            info_path = path.with_name(path.name[:-len(".npy")] + INFO)
+            info = _plain(_load_npy, info_path) if info_path.exists() else np.array({})
+            if isinstance(features, np.ndarray) and features.dtype == object:
+                info, features = features.item(), features.item().get("features")  # ViLBERT
+            info = info.item() if info.dtype == object else {}
+            if not isinstance(info, dict):
+                raise BadRow(f"{info_path}: not a dict")
+            return mmf_record(features, info)
+
+        return folder_steps(listing(unit, ".npy", exclude=INFO), start, read)
+
+    def producer(self, units: list[Path]) -> dict:
+        return {"layout": "facebookresearch/mmf tools/scripts/features (extract_features_*)"}
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    with open(path, "rb") as f:
+        return safe_pickle.load_npy(f, str(path))
+
+
+@FORMATS.register("mmf-lmdb")
+class MmfLmdb(FeatureFormat):
+    """MMF's lmdb_conversion.py LMDB: pickled dicts of features, bbox, objects, image size"""
+
+    name = "mmf-lmdb"
+
+    def units(self, sources: list[Path]) -> list[Path]:
+        return existing(sources, "MMF LMDB")
+
+    def content(self, unit: Path) -> list[Path]:
+        return [data_file(unit)]
+
+    def steps(self, unit: Path, start) -> Iterator[Step]:
+        def decode(key: str, value: bytes, where: str) -> Record:
+            item = _plain(safe_pickle.loads, value, where)
+            if not isinstance(item, dict) or "features" not in item:
+                raise BadRow("value is not a dict with 'features'")
+            return mmf_record(item["features"], item)
+
+        return lmdb_steps(unit, start, decode, skip=(b"keys",))
+
+    def producer(self, units: list[Path]) -> dict:
+        return {"layout": "facebookresearch/mmf tools/scripts/features/lmdb_conversion.py"}
