@@ -265,6 +265,20 @@ def _key_values(pairs, option: str) -> dict[str, str]:
     return out
 
 
+@main.command("export-features")
+@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("layout", type=click.Choice(["butd-tsv", "rtl-npz"]))
+@click.argument("out", type=click.Path(path_type=Path))
+def export_features_cmd(store, layout, out):
+    """Write STORE (or a pointer .json) in another toolkit's LAYOUT at OUT (a TSV file for
+    butd-tsv; OUT_att, OUT_fc, OUT_box folders for rtl-npz)."""
+    from pipeline.features.interchange.exporter import export_features
+    from pipeline.features.stores.pointer import read_pointer
+
+    made = export_features(read_pointer(store), layout, out)
+    click.echo(f"export-features: {read_pointer(store)} -> {', '.join(map(str, made))}")
+
+
 @main.command("formats")
 def formats_cmd():
     """The outside feature layouts import-features reads: name, then whose layout it is."""

@@ -40,6 +40,14 @@ def butd_line(row: dict) -> str:
                       str(len(row["boxes"])), b64(row["boxes"]), b64(row["features"])]) + "\n"
 
 
+def undecodable_line(row: dict) -> str:
+    """``row``'s BUTD line with its features' base64 one character short, as in the test2014
+    files users report ("Incorrect padding")."""
+    columns = butd_line(row).rstrip("\n").split("\t")
+    columns[5] = columns[5][:-1]
+    return "\t".join(columns) + "\n"
+
+
 def write_butd_tsv(path: Path, rows: list[dict], lines: dict[int, str] | None = None) -> Path:
     """``rows`` as a BUTD TSV; ``lines`` puts a given raw line before row k (broken rows)."""
     lines = lines or {}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from feature_sources import butd_line, dataset_json, region_rows, undecodable_line, write_butd_tsv
 
-from feature_sources import butd_line, dataset_json, region_rows, write_butd_tsv
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.importer import ImportJob, import_features
 from pipeline.features.stores import open_store
@@ -57,16 +57,13 @@ def test_parts_in_a_folder_import_to_the_written_arrays(coco, tmp_path):
 
 def test_bad_rows_are_recorded_with_file_line_and_reason_and_the_import_goes_on(coco, tmp_path):
     rows = region_rows(range(100, 100 + N))
-    undecodable = dict(rows[2])
-    text = butd_line(undecodable).split("\t")
-    text[5] = text[5].rstrip("\n")[:-2] + "\n"  # base64 cut short: "Incorrect padding"
     nan_row = dict(rows[4], features=rows[4]["features"].copy())
     nan_row["features"][0, 0] = np.nan
     narrow = dict(rows[6], features=rows[6]["features"][:, :16])
     short = "\t".join(butd_line(rows[8]).split("\t")[:4]) + "\n"
     miscounted = butd_line(rows[10]).split("\t")
     miscounted[3] = str(int(miscounted[3]) + 1)
-    broken = {2: "\t".join(text), 4: butd_line(nan_row), 6: butd_line(narrow), 8: short,
+    broken = {2: undecodable_line(rows[2]), 4: butd_line(nan_row), 6: butd_line(narrow), 8: short,
               10: "\t".join(miscounted)}
     good = [r for k, r in enumerate(rows) if k not in broken]
     lines = {good.index(rows[k + 1]): line for k, line in broken.items()}
@@ -77,7 +74,7 @@ def test_bad_rows_are_recorded_with_file_line_and_reason_and_the_import_goes_on(
     skipped = store.meta["skipped"]
     assert len(store) == N - 5 and set(skipped) == {str(100 + k) for k in broken}
     assert skipped["102"].startswith(f"{source}:3: features: base64 does not decode")
-    assert "Incorrect padding" in skipped["102"] or "base64" in skipped["102"]
+    assert skipped["102"].endswith("(Incorrect padding)")
     assert "features: non-finite values" in skipped["104"]
     assert "features 16-d, the other rows' are 32-d" in skipped["106"]
     assert "4 columns, expected 6" in skipped["108"]
@@ -154,7 +151,7 @@ def test_a_killed_multi_part_import_resumes_to_the_uninterrupted_store(tmp_path)
     n = 600
     dataset = dataset_json(tmp_path / "dataset_coco.json", n)
     rows = region_rows(range(100, 100 + n), dim=256, boxes=(10, 36), seed=2)
-    broken = butd_line(rows[0]).replace("\t", "\t!", 5)  # undecodable, a duplicate of 100
+    broken = undecodable_line(rows[0])  # and a duplicate of image 100
     parts = [write_butd_tsv(tmp_path / f"trainval.tsv.{k}", rows[k * 200:(k + 1) * 200],
                             {50: broken} if k == 1 else None) for k in range(3)]
     reference = run_import(parts, dataset, tmp_path / "reference")
@@ -177,3 +174,33 @@ def test_a_killed_multi_part_import_resumes_to_the_uninterrupted_store(tmp_path)
     assert resumed.meta["skipped"] == expected.meta["skipped"]
     assert resumed.meta["import"] == expected.meta["import"]
     assert expected.meta["import"]["duplicates"] == 1
+
+
+def test_an_imported_trainval_source_trains_top_down_and_caption_says_why_not(tmp_path, capstack):
+    from trainer_fixtures import make_prepared, write_experiment
+
+    dataset, prepared = make_prepared(tmp_path, n_train=12, n_val=4, n_test=4)
+    ids = [im["imgid"] for im in json.loads(dataset.read_text())["images"]]
+    rows = region_rows(ids, dim=48, boxes=(10, 20), seed=4, size=(64, 64))
+    undecodable = {k: undecodable_line(rows[k]) for k in (1, 6, 13)}
+    parts = tmp_path / "trainval"
+    parts.mkdir()
+    write_butd_tsv(parts / "trainval_resnet101_faster_rcnn_genome.tsv.0",
+                   [r for k, r in enumerate(rows[:10]) if k not in undecodable],
+                   {0: undecodable[1], 4: undecodable[6]})
+    write_butd_tsv(parts / "trainval_resnet101_faster_rcnn_genome.tsv.1",
+                   [r for k, r in enumerate(rows[10:], 10) if k not in undecodable],
+                   {2: undecodable[13]})
+    out = capstack("import-features", "butd-tsv", parts, "--dataset", dataset,
+                   "--features-root", tmp_path / "root", "--pointer",
+                   tmp_path / "regions.json").output
+    assert f"imported {len(ids) - 3} images" in out and "3 broken rows skipped" in out
+    assert out.count("base64 does not decode (Incorrect padding)") == 3
+    exp = write_experiment(tmp_path / "top_down.yaml", decoder="top_down", captions=prepared,
+                           features=[tmp_path / "regions.json"], epochs=1)
+    trained = capstack("train", exp, "--out", tmp_path / "run").output
+    assert "train top_down: 1 epochs" in trained and (tmp_path / "run" / "best.pt").is_file()
+    image = tmp_path / "shapes" / "images" / json.loads(dataset.read_text())["images"][0][
+        "filename"]
+    refused = capstack("caption", "--checkpoint", tmp_path / "run", image, expect_ok=False)
+    assert refused.exit_code == 1 and "imported from butd-tsv files" in refused.output

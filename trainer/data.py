@@ -11,6 +11,7 @@ so a resumed run sees exactly the batches the uninterrupted one would have.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -27,6 +28,8 @@ from pipeline.features.stores import Batch, Record, open_store
 from pipeline.features.stores.buffer import BatchBuffer
 from pipeline.features.stores.pointer import read_pointer
 from trainer.batch import EvalBatch, Share, TrainBatch
+
+log = logging.getLogger(__name__)
 
 BUCKET_SPAN = 50
 GEOMETRY_DIM = 5  # batches whose images are sorted by caption length together
@@ -56,6 +59,12 @@ class Features:
         if box_geometry and not all(s.schema.has("boxes") for s in self.stores):
             raise CapstackError("data.box_geometry: needs stores with boxes (" + ", ".join(
                 f"{p}: {s.schema.describe()}" for p, s in zip(self.paths, self.stores)) + ")")
+        unsized = [p for p, s in zip(self.paths, self.stores)
+                   if s.meta.get("image_size_known") is False]
+        if box_geometry and unsized:
+            raise CapstackError(f"data.box_geometry: {unsized[0]} does not know its images' "
+                                f"sizes (its source records none): import it again with "
+                                f"--image-root, or set data.box_geometry: false")
         dims = {s.feature_dim + (GEOMETRY_DIM if box_geometry else 0) for s in self.stores}
         if len(dims) > 1:
             raise CapstackError(f"stores {', '.join(map(str, self.paths))}: feature dims differ "
@@ -234,10 +243,22 @@ def batches_of(features: Features, image_ids: Sequence[int], batch_size: int) ->
         yield EvalBatch(chunk, feats.clone(), mask.clone(), boxes)
 
 
-def check_coverage(captions: Captions, features: Features) -> None:
-    """Training refuses to start on stores that lack an image of the captions."""
-    gap = features.missing(captions.image_ids.tolist())
-    if gap:
-        store, image_id = gap
-        raise CapstackError(f"{store}: lacks image {image_id} of {captions.folder} "
-                            f"(extracted from another dataset?)")
+def covered(captions: Captions, features: Features) -> Captions:
+    """The captions of the images the stores hold: images a store skipped when it was made
+    (unreadable, without features, a broken source row) are left out with a warning; an image
+    neither held nor skipped means the stores are of another dataset, and is refused."""
+    skipped: set[int] = set()
+    for store in features.stores:
+        reasons = store.meta.get("skipped", {})
+        lacking = store.missing(captions.image_ids.tolist())
+        unexplained = [i for i in lacking if str(i) not in reasons]
+        if unexplained:
+            raise CapstackError(f"{store.path}: lacks image {unexplained[0]} of "
+                                f"{captions.folder} (made from another dataset?)")
+        skipped.update(lacking)
+    if skipped:
+        first = sorted(skipped)[:5]
+        log.warning("%d images left out: the feature stores skipped them when they were made "
+                    "(`capstack inspect STORE` says why); first %s", len(skipped),
+                    ", ".join(map(str, first)))
+    return captions.without(skipped) if skipped else captions

@@ -43,7 +43,7 @@ from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
-from trainer.data import Features, TrainBatches, check_coverage
+from trainer.data import Features, TrainBatches, covered
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
 from trainer.evaluation.validate import validate
@@ -96,7 +96,7 @@ class Run:
         self.captions: Captions = load_captions(config.data.captions)
         self.features = Features(config.data.features, config.data.max_regions,
                                  config.data.box_geometry)
-        check_coverage(self.captions, self.features)
+        self.captions = covered(self.captions, self.features)
         self.identity = identity(config.decoder.name, asdict(config.decoder.config),
                                  self.captions.vocab.itow, self.features.describe())
         torch.manual_seed(t.seed)  # the same initial weights (the objective's too) for the same seed

@@ -7,7 +7,7 @@ image ids and splits, and where each split's COCO-format references are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import h5py
@@ -17,6 +17,7 @@ from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
 
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+LEFT_OUT = 255  # the split code of an image no split uses (codes are uint8)
 
 
 @dataclass
@@ -34,6 +35,12 @@ class Captions:
 
     def rows(self, split: str) -> np.ndarray:
         return np.flatnonzero(self.split == SPLIT_CODES[split])
+
+    def without(self, image_ids) -> "Captions":
+        """These captions with ``image_ids`` in no split (e.g. images a store had to skip)."""
+        split = self.split.copy()
+        split[np.isin(self.image_ids, np.asarray(list(image_ids), np.int64))] = LEFT_OUT
+        return replace(self, split=split)
 
     def references_path(self, split: str) -> Path:
         return self.folder / f"refs_{split}.json"

@@ -21,7 +21,7 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
     if lacking:
         raise CapstackError(
             f"{store.path}: lacks image {lacking[0]} of {dataset_json} ({len(lacking)} of "
-            f"{len(dataset.images)} images missing; was it extracted from another dataset?)")
+            f"{len(dataset.images)} images missing; was it made from another dataset?)")
     n_skipped = sum(str(im.image_id) in skipped for im in dataset.images)
     return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped}
 

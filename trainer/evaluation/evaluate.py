@@ -23,7 +23,7 @@ from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from trainer.checkpoint import check_identity, identity, load_checkpoint
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
-from trainer.data import Features, batches_of, check_coverage, eval_batches
+from trainer.data import Features, batches_of, covered, eval_batches
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder, StagedDecoder
 from trainer.evaluation.figures import attention_figure, stages_figure, training_curves
@@ -62,7 +62,7 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                       figures=figures)
     captions = load_captions(config.data.captions)
     features = Features(config.data.features, config.data.max_regions, config.data.box_geometry)
-    check_coverage(captions, features)
+    captions = covered(captions, features)
     check_identity(ckpt["identity"], identity(config.decoder.name, asdict(config.decoder.config),
                                               captions.vocab.itow, features.describe()),
                    Path(ckpt["path"]))

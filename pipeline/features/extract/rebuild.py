@@ -46,6 +46,11 @@ def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
     """``extract(paths) -> records``, as the store at ``where`` was made (its ``producer``)."""
     producer = meta["producer"]
     rebuild = REBUILDERS.get(producer["name"])
+    if producer["name"] == "import-features":
+        raise CapstackError(
+            f"{where}: its features were imported from {producer['settings']['format']} files, "
+            f"and no extractor that capstack can run made them, so new images cannot get such "
+            f"features: caption with a checkpoint trained on features capstack extracted")
     if rebuild is None:
         raise CapstackError(f"{where}: its features were made by {producer['name']!r}, which "
                             f"capstack cannot run on new images (it reruns "

@@ -187,6 +187,7 @@ def _meta(job: ImportJob, fmt: FeatureFormat, units, sources, schema: Schema, se
             "fingerprint": fp, "capstack_version": pipeline.__version__,
             "dataset": str(Path(job.dataset_json).resolve()),
             "image_root": str(Path(job.image_root).resolve()) if job.image_root else "",
+            "image_size_known": bool(job.image_root) or fmt.records_sizes,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 

@@ -46,6 +46,7 @@ class FeatureFormat(ABC):
     name: str = ""
     boxes: str = "x1, y1, x2, y2 in image pixels"  # the box convention the source uses
     relative_boxes: bool = False  # boxes are fractions of the image: pixels need its size
+    records_sizes: bool = True  # rows say their image's size (else 0 x 0 unless --image-root)
     grid: int | None = None  # set once a grid-shaped record was read: rows are grid x grid
 
     def __init__(self):

@@ -10,15 +10,17 @@ the fixed 36 box ones as one file; a folder given as SOURCE means every
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import FeatureFormat, Step, expand_folders
 from pipeline.features.interchange.formats.tsv import decode_array, integer, rows_of, tsv_steps
-from pipeline.features.stores import Record
+from pipeline.features.stores import Record, StoreReader
 
 COLUMNS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
 
@@ -46,3 +48,30 @@ class ButdTsv(FeatureFormat):
     def producer(self, units: list[Path]) -> dict:
         return {"layout": "peteanderson80/bottom-up-attention tools/generate_tsv.py",
                 "columns": list(COLUMNS)}
+
+
+class ButdTsvWriter:
+    """A store's region records as one BUTD TSV (``\\r\\n`` lines, as csv.DictWriter wrote them)."""
+
+    def __init__(self, store: StoreReader, partials: list[Path]):
+        self.handle = open(partials[0], "w", newline="")
+
+    @staticmethod
+    def targets(store: StoreReader, out: Path) -> list[Path]:
+        if not store.schema.has("boxes") or store.schema.grid:
+            raise CapstackError(f"{store.path}: butd-tsv holds regions with their boxes, and "
+                                f"this store holds {store.schema.describe()}: export it as "
+                                f"rtl-npz")
+        return [out]
+
+    def write(self, image_id: int, record: Record) -> None:
+        columns = [str(image_id), str(record.width), str(record.height), str(record.num),
+                   _b64(record["boxes"]), _b64(record.features)]
+        self.handle.write("\t".join(columns) + "\r\n")
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _b64(array: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(array, np.float32).tobytes()).decode("ascii")

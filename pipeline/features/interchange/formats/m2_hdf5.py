@@ -55,6 +55,7 @@ class M2Hdf5(FeatureFormat):
     """meshed-memory-transformer's coco_detections.hdf5 (<id>_features, _boxes, _cls_prob)"""
 
     name = "m2-hdf5"
+    records_sizes = False
 
     def units(self, sources: list[Path]) -> list[Path]:
         return existing(sources, "HDF5 file")

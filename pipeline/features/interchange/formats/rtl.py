@@ -25,9 +25,8 @@ from pipeline.features.interchange import safe_pickle
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, Step, existing
 from pipeline.features.interchange.formats.folder import folder_steps, listing
-from pipeline.features.interchange.formats.lmdb_source import (data_file, lmdb_steps,
-                                                               open_lmdb)
-from pipeline.features.stores import Record
+from pipeline.features.interchange.formats.lmdb_source import data_file, lmdb_steps, open_lmdb
+from pipeline.features.stores import Record, StoreReader
 
 FEATURE_KEYS = ("feat", "z")  # "z": how cocotest_bu's files were saved
 
@@ -103,6 +102,7 @@ class RtlNpz(FeatureFormat):
     """self-critical.pytorch's <dir>_att/<id>.npz (+ <dir>_box/<id>.npy) folders, regions or grid"""
 
     name = "rtl-npz"
+    records_sizes = False
 
     def units(self, sources: list[Path]) -> list[Path]:
         return [att_and_box(source)[0] for source in sources]
@@ -137,6 +137,7 @@ class RtlLmdb(FeatureFormat):
     """self-critical.pytorch's dump_to_lmdb.py: <dir>_att.lmdb (+ _box.lmdb), raw npz/npy values"""
 
     name = "rtl-lmdb"
+    records_sizes = False
 
     def units(self, sources: list[Path]) -> list[Path]:
         return [att_and_box(source, ".lmdb")[0] for source in sources]
@@ -195,3 +196,32 @@ class RtlLmdb(FeatureFormat):
         finally:
             env.close()
         return notes
+
+
+class RtlNpzWriter:
+    """A store as make_bu_data.py's folders: ``<out>_att/<id>.npz`` (``feat``; ``[k, k, D]``
+    for a grid), ``<out>_fc/<id>.npy`` (the mean row), ``<out>_box/<id>.npy`` (if boxes)."""
+
+    def __init__(self, store: StoreReader, partials: list[Path]):
+        for folder in partials:
+            folder.mkdir(parents=True)
+        self.att, self.fc = partials[0], partials[1]
+        self.box = partials[2] if len(partials) > 2 else None
+        self.grid = store.schema.grid
+
+    @staticmethod
+    def targets(store: StoreReader, out: Path) -> list[Path]:
+        names = ["_att", "_fc"] + (["_box"] if store.schema.has("boxes") else [])
+        return [out.with_name(out.name + suffix) for suffix in names]
+
+    def write(self, image_id: int, record: Record) -> None:
+        feat = record.features.astype(np.float32)
+        np.save(self.fc / f"{image_id}.npy", feat.mean(0))
+        if self.grid:
+            feat = feat.reshape(self.grid, self.grid, -1)
+        np.savez_compressed(self.att / f"{image_id}.npz", feat=feat)
+        if self.box is not None:
+            np.save(self.box / f"{image_id}.npy", record["boxes"].astype(np.float32))
+
+    def close(self) -> None:
+        """Nothing held open."""

@@ -18,8 +18,7 @@ import numpy as np
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats import FORMATS
-from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step,
-                                                        expand_folders)
+from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, Step, expand_folders
 from pipeline.features.interchange.formats.tsv import decode_array, integer, rows_of, tsv_steps
 from pipeline.features.stores import Record
 
@@ -43,6 +42,7 @@ class VinvlTsv(FeatureFormat):
     """VinVL/Oscar features.tsv (image_id, num_boxes, base64 [N, 2048 + 6 box geometry])"""
 
     name = "vinvl-tsv"
+    records_sizes = False
     boxes = "x1/w, y1/h, x2/w, y2/h: fractions of the image (VinVL's geometry columns)"
     relative_boxes = True
 
