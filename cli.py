@@ -560,14 +560,18 @@ def _pipeline(stages_path: Path, workdir: Path):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def stages_cmd(stages_path, workdir, as_json):
     """One line per stage: up to date, stale (and why), or never run."""
-    statuses = _pipeline(stages_path, workdir).statuses()
+    pipeline = _pipeline(stages_path, workdir)
+    statuses, off = pipeline.statuses(), pipeline.file.off
     if as_json:
-        click.echo(json.dumps({n: {"state": s.state, "reasons": list(s.reasons)}
-                               for n, s in statuses.items()}, indent=2))
+        listing = {n: {"state": s.state, "reasons": list(s.reasons)} for n, s in statuses.items()}
+        listing |= {n: {"state": "off", "reasons": [why]} for n, why in off.items()}
+        click.echo(json.dumps(listing, indent=2))
         return
-    width = max(len(n) for n in statuses)
+    width = max(len(n) for n in [*statuses, *off])
     for name, status in statuses.items():
         click.echo(f"{name:<{width}}  {status.describe()}")
+    for name, why in off.items():
+        click.echo(f"{name:<{width}}  off ({why})")
 
 
 @main.command("run")

@@ -24,7 +24,8 @@ stages:
 BAD_FILES = {
     "unknown stage key": (
         GOOD.replace("    params: {min_count: 2}", "    params: {min_count: 2}\n    outz: [x]"),
-        ["stages.prepare.outz: unknown key", "allowed: cmd, deps, desc, nproc, outs, params"],
+        ["stages.prepare.outz: unknown key",
+         "allowed: cmd, deps, desc, nproc, outs, params, when"],
     ),
     "unknown top-level key": (GOOD + "settings: {}\n", ["settings: unknown key"]),
     "dep cycle": (
@@ -206,3 +207,72 @@ stages:
     path.write_text(path.read_text().replace("nproc: 2", "nproc: 4"))
     again = _pipeline(path, tmp_path)
     assert again.own_status(again.file.stage("train")).up_to_date
+
+
+WHEN = """
+params:
+  source: ""
+stages:
+  extract:
+    when: not source
+    cmd: capstack shapes data/shapes --train 4 --val 1 --test 1 --size 32
+    outs: [data/features.json]
+  import:
+    when: source
+    cmd: capstack shapes ${source} --train 4 --val 1 --test 1 --size 32
+    deps:
+      - ${source}
+    outs: [data/features.json]
+  prepare:
+    cmd: capstack prepare data/features.json data/prepared
+    deps: [data/features.json]
+    outs: [data/prepared]
+"""
+
+
+def test_when_turns_one_of_two_stages_with_the_same_out_on(tmp_path, capstack):
+    from cli import main
+    from pipeline.core.errors import CapstackError
+    from pipeline.engine.stagefile import load_stages_file
+
+    path = tmp_path / "stages.yaml"
+    path.write_text(WHEN)
+    stages = load_stages_file(path, main.commands)
+    assert set(stages.stages) == {"extract", "prepare"} and stages.upstream["prepare"] == (
+        "extract",)
+    assert stages.off == {"import": "when: source, and source is not set"}
+    with pytest.raises(CapstackError, match="stage 'import' is off"):
+        stages.stage("import")
+    path.write_text(WHEN.replace('source: ""', "source: /data/trainval"))
+    stages = load_stages_file(path, main.commands)
+    assert stages.upstream["prepare"] == ("import",) and "extract" in stages.off
+    listed = capstack("stages", "-c", path, "--workdir", tmp_path).output
+    assert "extract  off (when: not source, and source is set)" in listed
+    refused = capstack("run", "extract", "-c", path, "--workdir", tmp_path, expect_ok=False)
+    assert refused.exit_code == 1 and "stage 'extract' is off" in refused.output
+    for bad, message in (("when: sauce", "stages.import.when: unknown param 'sauce'"),
+                         ("when: not", "stages.import.when: expected NAME or 'not NAME'")):
+        path.write_text(WHEN.replace("when: source", bad))
+        with pytest.raises(CapstackError, match=message):
+            load_stages_file(path, main.commands)
+
+
+def test_setting_region_source_in_coco_yaml_imports_instead_of_extracting(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from cli import main
+    from pipeline.engine.stagefile import load_stages_file
+
+    coco = Path(__file__).resolve().parent.parent / "configs" / "coco.yaml"
+    stages = load_stages_file(coco, main.commands)
+    assert set(stages.upstream["train@top_down"]) == {"extract_regions", "prepare"}
+    data = yaml.safe_load(coco.read_text())
+    data["params"]["region_source"] = "/data/bottom-up/trainval"
+    (tmp_path / "coco.yaml").write_text(yaml.safe_dump(data))
+    stages = load_stages_file(tmp_path / "coco.yaml", main.commands)
+    assert "extract_regions" in stages.off
+    assert set(stages.upstream["train@top_down"]) == {"import_regions", "prepare"}
+    assert stages.stage("import_regions").argv[:3] == ("import-features", "butd-tsv",
+                                                       "/data/bottom-up/trainval")

@@ -33,6 +33,16 @@ One entry can declare a family of stages, as DVC's ``foreach``/``do`` does::
 gives the stages ``train@show_tell`` and ``train@top_down``; the ``${key}`` and
 ``${item.NAME}`` a stage uses are recorded among its params.
 
+A stage with ``when: NAME`` exists only while the param ``NAME`` is set (not
+empty, not false, not 0); ``when: not NAME`` only while it is not. Two stages
+may so write the same out, one at a time: an import stage taking over from an
+extraction once the user names the files to import::
+
+      extract_regions: {when: not region_source, cmd: ..., outs: [features/regions.json]}
+      import_regions: {when: region_source, cmd: ..., outs: [features/regions.json]}
+
+A stage that is off is listed as such by ``capstack stages`` and runs nowhere.
+
 A top-level ``demo: [report]`` names what ``capstack demo`` builds: those stages
 and every stage they need (without it, every stage). A dep that is
 (or lies inside, or contains) another stage's out makes that stage upstream.
@@ -57,7 +67,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+)?$")  # @key: foreach
 _LOOP_KEYS = {"foreach", "do"}
 _TOP_KEYS = {"params", "stages", "demo"}
-_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc"}
+_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc", "when"}
+_WHEN = re.compile(r"^(not\s+)?(?!not$)([A-Za-z_][A-Za-z0-9_.]*)$")
 _SCALARS = (str, int, float, bool)
 
 
@@ -89,6 +100,7 @@ class StageTemplate:
     params: dict[str, Any]
     loop: dict[str, Any] = field(default_factory=dict)  # ${key}, ${item.NAME} of a foreach
     nproc: int = 1
+    when: str = ""  # "NAME" or "not NAME": the stage exists only while that holds
 
 
 @dataclass
@@ -102,8 +114,11 @@ class StagesFile:
     demo: tuple[str, ...] = ()  # what `capstack demo` builds (with what it needs); () = all
     upstream: dict[str, tuple[str, ...]] = field(default_factory=dict)
     order: tuple[str, ...] = ()
+    off: dict[str, str] = field(default_factory=dict)  # stages whose ``when`` does not hold: why
 
     def stage(self, name: str) -> Stage:
+        if name in self.off:
+            raise CapstackError(f"{self.path}: stage '{name}' is off ({self.off[name]})")
         if name not in self.stages:
             raise CapstackError(
                 f"{self.path}: no stage named '{name}' (stages: {', '.join(self.stages)})"
@@ -152,8 +167,11 @@ def load_stages_file(path: str | os.PathLike, commands: Iterable[str],
         name: _resolve(path, t, shared, t.params, commands, parallel)
         for name, t in templates.items()
     }
+    off = {name: why for name, t in templates.items()
+           if (why := _off_because(path, t, {**shared, **t.params, **t.loop}))}
+    resolved = {name: stage for name, stage in resolved.items() if name not in off}
     sf = StagesFile(path=path, params=shared, templates=templates, commands=commands,
-                    stages=resolved, parallel=parallel)
+                    stages=resolved, parallel=parallel, off=off)
     sf.demo = _check_demo(path, raw.get("demo"), resolved)
     _check_outs_disjoint(path, resolved)
     sf.upstream = _upstream_of(resolved)
@@ -272,6 +290,10 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise CapstackError(f"{path}: {where}.nproc: expected a positive number of processes, "
                             f"got {nproc!r}")
+    when = body.get("when", "")
+    if not isinstance(when, str) or (when and not _WHEN.match(when.strip())):
+        raise CapstackError(f"{path}: {where}.when: expected NAME or 'not NAME' of a param, "
+                            f"got {when!r}")
     return StageTemplate(
         name=name,
         desc=desc,
@@ -280,7 +302,23 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
         outs=_check_str_list(path, f"{where}.outs", body.get("outs")),
         params=_check_params(path, f"{where}.params", body.get("params") or {}),
         nproc=nproc,
+        when=when.strip(),
     )
+
+
+def _off_because(path: Path, t: StageTemplate, lookup: Mapping[str, Any]) -> str:
+    """Why the stage is off ("" when it is on): its ``when`` does not hold."""
+    if not t.when:
+        return ""
+    negated, name = _WHEN.match(t.when).groups()
+    if name not in lookup:
+        raise CapstackError(f"{path}: stages.{t.name}.when: unknown param {name!r} "
+                            f"(params: {', '.join(sorted(lookup)) or 'none'})")
+    value = lookup[name]
+    is_set = value not in (None, "", False, 0)
+    if is_set == (not negated):
+        return ""
+    return f"when: {t.when}, and {name} is {'set' if is_set else 'not set'}"
 
 
 # -- resolving ${params} -----------------------------------------------------------------

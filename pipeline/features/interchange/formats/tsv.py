@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import pybase64
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats.base import BadRow, SourceRow, Step
@@ -24,11 +25,19 @@ ParseLine = Callable[[list[bytes], str], Record]
 
 
 def decode_array(text: bytes, dtype, column: str) -> np.ndarray:
-    """A base64 column as a flat array, or :class:`BadRow` naming the column."""
+    """A base64 column as a flat array, or :class:`BadRow` naming the column.
+
+    pybase64's SIMD decoder is some 40 times faster than the standard library's
+    (which alone would bound an import at ~300 MB/s); a column it refuses is
+    decoded again by the standard library for the reason users know ("Incorrect
+    padding") and, if that accepts it (stray characters it skips), taken from there."""
     try:
-        raw = binascii.a2b_base64(text)
-    except binascii.Error as error:
-        raise BadRow(f"{column}: base64 does not decode ({error})") from None
+        raw = pybase64.b64decode(text, validate=True)
+    except binascii.Error:
+        try:
+            raw = binascii.a2b_base64(text)
+        except binascii.Error as error:
+            raise BadRow(f"{column}: base64 does not decode ({error})") from None
     itemsize = np.dtype(dtype).itemsize
     if len(raw) % itemsize:
         raise BadRow(f"{column}: {len(raw)} bytes is not a whole number of "
