@@ -204,3 +204,31 @@ def test_an_imported_trainval_source_trains_top_down_and_caption_says_why_not(tm
         "filename"]
     refused = capstack("caption", "--checkpoint", tmp_path / "run", image, expect_ok=False)
     assert refused.exit_code == 1 and "imported from butd-tsv files" in refused.output
+
+
+def test_lxmert_ten_column_files_keep_classes_and_attributes(coco, tmp_path):
+    """airsplay/lxmert's extract_coco_image.py: img_id (file stem), img_h, img_w, objects_id,
+    objects_conf, attrs_id, attrs_conf, num_boxes, boxes, features."""
+    from feature_sources import b64
+
+    rows = region_rows(range(100, 100 + N), seed=7)
+    with open(tmp_path / "val2014_obj36.tsv", "w", newline="") as f:
+        for row in rows:
+            f.write("\t".join([f"COCO_val2014_{row['image_id']:012d}", str(row["image_h"]),
+                               str(row["image_w"]), b64(row["classes"].astype(np.int64)),
+                               b64(row["scores"].astype(np.float32)),
+                               b64(row["attributes"].astype(np.int64)),
+                               b64(row["attribute_scores"].astype(np.float32)),
+                               str(len(row["boxes"])), b64(row["boxes"]),
+                               b64(row["features"])]) + "\r\n")
+    store = open_store(run_import([tmp_path / "val2014_obj36.tsv"], coco, tmp_path / "root",
+                                  dtype="float32").store)
+    assert store.schema.names == ("features", "boxes", "classes", "scores", "attributes",
+                                  "attribute_scores")
+    for row in rows:
+        assert_record_equals(store, row)
+        record = store.get(row["image_id"])
+        np.testing.assert_array_equal(record["classes"], row["classes"])
+        np.testing.assert_array_equal(record["attributes"], row["attributes"])
+        np.testing.assert_allclose(record["attribute_scores"], row["attribute_scores"],
+                                   rtol=1e-6)
