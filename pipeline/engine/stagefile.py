@@ -195,12 +195,18 @@ def _read_yaml(path: Path) -> dict:
         raise CapstackError(f"{path}: not valid YAML{at}: {problem}") from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping with a 'stages' key")
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise CapstackError(
-            f"{path}: {unknown[0]}: unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})"
-        )
+    _refuse_unknown_keys(path, "", data, _TOP_KEYS)
     return data
+
+
+def _refuse_unknown_keys(path: Path, where: str, body: dict, allowed: set[str],
+                         beside: str = "") -> None:
+    """``FILE: WHERE.KEY: unknown key (allowed: ...)`` for the first key not in ``allowed``."""
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        field = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise CapstackError(f"{path}: {field}: unknown key{beside} "
+                            f"(allowed: {', '.join(sorted(allowed))})")
 
 
 def _check_demo(path: Path, demo: Any, stages: Mapping[str, Stage]) -> tuple[str, ...]:
@@ -249,10 +255,7 @@ def _expand(path: Path, name: Any, body: Any) -> list[StageTemplate]:
     where = f"stages.{name}"
     if not isinstance(name, str) or not _STAGE_NAME.match(name):
         raise CapstackError(f"{path}: {where}: invalid stage name")
-    unknown = sorted(set(body) - _LOOP_KEYS)
-    if unknown:
-        raise CapstackError(f"{path}: {where}.{unknown[0]}: unknown key next to foreach "
-                            f"(allowed: do, foreach)")
+    _refuse_unknown_keys(path, where, body, _LOOP_KEYS, beside=" next to foreach")
     items = body["foreach"]
     if isinstance(items, list):
         items = {str(item): {} for item in items}
@@ -274,12 +277,7 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
         raise CapstackError(f"{path}: {where}: invalid stage name")
     if not isinstance(body, dict):
         raise CapstackError(f"{path}: {where}: expected a mapping with a 'cmd'")
-    unknown = sorted(set(body) - _STAGE_KEYS)
-    if unknown:
-        raise CapstackError(
-            f"{path}: {where}.{unknown[0]}: unknown key "
-            f"(allowed: {', '.join(sorted(_STAGE_KEYS))})"
-        )
+    _refuse_unknown_keys(path, where, body, _STAGE_KEYS)
     cmd = body.get("cmd")
     if not isinstance(cmd, str) or not cmd.strip():
         raise CapstackError(f"{path}: {where}.cmd: missing (a capstack command)")

@@ -26,7 +26,8 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
     return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped}
 
 
-def _size_bytes(path: Path) -> int:
+def size_bytes(path: Path) -> int:
+    """Bytes of a file, or of every file below a folder."""
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
@@ -47,7 +48,7 @@ def list_stores(root: Path) -> list[dict]:
     for path in sorted(root.iterdir()):
         if path.suffix not in (".lmdb", ".h5", ".hdf5"):
             continue
-        row = {"name": path.name, "size_mb": _size_bytes(path) / 2**20, "users": _users(path)}
+        row = {"name": path.name, "size_mb": size_bytes(path) / 2**20, "users": _users(path)}
         try:
             store = open_store(path)
             row.update(kind=store.schema.describe(), count=len(store))
@@ -57,6 +58,6 @@ def list_stores(root: Path) -> list[dict]:
         rows.append(row)
     for path in sorted(root.glob("*.partial")):
         rows.append({"name": path.name, "kind": "unfinished", "count": 0,
-                     "size_mb": _size_bytes(path) / 2**20, "users": _users(
+                     "size_mb": size_bytes(path) / 2**20, "users": _users(
                          Path(str(path)[:-len(".partial")]))})
     return rows

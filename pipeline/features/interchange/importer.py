@@ -105,7 +105,8 @@ def import_features(job: ImportJob, *, pointer: Path | None = None,
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = _meta(job, fmt, units, sources, schema, settings, fp, dataset)
         with exclusive_run(path.with_name(path.name + ".lock"), f"import into {path}"):
-            result = _import(fmt, units, path, meta, job, dataset, progress)
+            total = sum(source["size"] for source in sources)
+            result = _import(fmt, units, path, meta, job, dataset, total, progress)
     publish(path, fp, pointer)
     return result
 
@@ -208,14 +209,14 @@ class _Batch:
         self.nbytes = 0
 
 
-def _import(fmt, units, path, meta, job: ImportJob, dataset, progress) -> ImportResult:
+def _import(fmt, units, path, meta, job: ImportJob, dataset, total: int,
+            progress: bool) -> ImportResult:
     from tqdm import tqdm
 
     writer = create_writer(path, meta, job.store_format)
     report = ImportReport.from_note(writer.progress)
     match = ImageMatcher(dataset, job.match)
     sizes = ImageSizes(dataset, job.image_root) if job.image_root else None
-    total = sum(fmt.size(unit) for unit in units)
     started, read_before = time.perf_counter(), report.nbytes
     try:
         with stop_at_batch_boundary() as stop, \

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pipeline.core.errors import CapstackError
+from pipeline.features.catalog import size_bytes
+from pipeline.features.interchange.safe_pickle import RefusedPickle
 from pipeline.features.stores import Record
 
 
@@ -66,17 +68,22 @@ class FeatureFormat(ABC):
 
     def size(self, unit: Path) -> int:
         """Bytes of the unit, for the progress bar."""
-        return sum(_bytes(p) for p in self.content(unit))
+        return sum(size_bytes(p) for p in self.content(unit))
 
     def producer(self, units: list[Path]) -> dict:
         """What the files say about the program that made them (beyond the layout)."""
         return {}
 
 
-def _bytes(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+def readable(load: Callable, *args):
+    """``load(*args)``, with a file it cannot read made a :class:`BadRow` of its row (a
+    refused pickle is not a bad row: it stops the import)."""
+    try:
+        return load(*args)
+    except RefusedPickle:
+        raise
+    except CapstackError as error:
+        raise BadRow(str(error).split(": ", 1)[-1]) from None
 
 
 def existing(paths: list[Path], what: str) -> list[Path]:

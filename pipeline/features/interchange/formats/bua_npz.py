@@ -19,7 +19,8 @@ import numpy as np
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange import safe_pickle
 from pipeline.features.interchange.formats import FORMATS
-from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, Step, existing
+from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
+                                                        readable)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
 from pipeline.features.stores import Record
 
@@ -68,13 +69,7 @@ class BuaNpz(FeatureFormat):
 
     def steps(self, unit: Path, start) -> Iterator[Step]:
         def read(path: Path) -> Record:
-            try:
-                arrays = safe_pickle.load_npz(str(path), str(path))
-            except safe_pickle.RefusedPickle:
-                raise
-            except CapstackError as error:
-                raise BadRow(str(error).removeprefix(f"{path}: ")) from None
-            return bua_record(arrays, str(path))
+            return bua_record(readable(safe_pickle.load_npz, str(path), str(path)), str(path))
 
         return folder_steps(listing(unit, ".npz"), start, read)
 

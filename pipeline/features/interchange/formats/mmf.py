@@ -22,7 +22,8 @@ import numpy as np
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange import safe_pickle
 from pipeline.features.interchange.formats import FORMATS
-from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, Step, existing
+from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
+                                                        readable)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
 from pipeline.features.interchange.formats.lmdb_source import data_file, lmdb_steps
 from pipeline.features.stores import Record
@@ -64,15 +65,6 @@ def _per_row(values, n: int, name: str) -> np.ndarray:
     return values
 
 
-def _plain(loader, *args):
-    try:
-        return loader(*args)
-    except safe_pickle.RefusedPickle:
-        raise
-    except CapstackError as error:
-        raise BadRow(str(error).split(": ", 1)[-1]) from None
-
-
 @FORMATS.register("mmf-npy")
 class MmfNpy(FeatureFormat):
     """MMF's extractor folders: <stem>.npy features + <stem>_info.npy (pickled dict)"""
@@ -88,9 +80,9 @@ class MmfNpy(FeatureFormat):
 
     def steps(self, unit: Path, start) -> Iterator[Step]:
         def read(path: Path) -> Record:
-            features = _plain(_load_npy, path)
+            features = readable(_load_npy, path)
             info_path = path.with_name(path.name[:-len(".npy")] + INFO)
-            info = _plain(_load_npy, info_path) if info_path.exists() else np.array({})
+            info = readable(_load_npy, info_path) if info_path.exists() else np.array({})
             if isinstance(features, np.ndarray) and features.dtype == object:
                 info, features = features.item(), features.item().get("features")  # ViLBERT
             info = info.item() if info.dtype == object else {}
@@ -123,7 +115,7 @@ class MmfLmdb(FeatureFormat):
 
     def steps(self, unit: Path, start) -> Iterator[Step]:
         def decode(key: str, value: bytes, where: str) -> Record:
-            item = _plain(safe_pickle.loads, value, where)
+            item = readable(safe_pickle.loads, value, where)
             if not isinstance(item, dict) or "features" not in item:
                 raise BadRow("value is not a dict with 'features'")
             return mmf_record(item["features"], item)

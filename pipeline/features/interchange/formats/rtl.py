@@ -23,7 +23,8 @@ import numpy as np
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange import safe_pickle
 from pipeline.features.interchange.formats import FORMATS
-from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, Step, existing
+from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
+                                                        readable)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
 from pipeline.features.interchange.formats.lmdb_source import data_file, lmdb_steps, open_lmdb
 from pipeline.features.stores import Record, StoreReader
@@ -85,16 +86,7 @@ def _read(path: Path, where: str):
         data = path.read_bytes()
     except OSError as error:
         raise BadRow(f"cannot read ({error.strerror})") from None
-    return _loaded(data, where)
-
-
-def _loaded(data: bytes, where: str):
-    try:
-        return safe_pickle.load_array(data, where)
-    except safe_pickle.RefusedPickle:
-        raise
-    except CapstackError as error:
-        raise BadRow(str(error).removeprefix(f"{where}: ")) from None
+    return readable(safe_pickle.load_array, data, where)
 
 
 @FORMATS.register("rtl-npz")
@@ -159,8 +151,9 @@ class RtlLmdb(FeatureFormat):
                     raw = txn.get(key.encode())
                 if raw is None:
                     raise BadRow(f"no entry {key!r} in {box}")
-                box_array = _loaded(raw, f"{box}[{key}]")
-            return att_record(_loaded(value, where), where, grid, box_array)
+                box_array = readable(safe_pickle.load_array, raw, f"{box}[{key}]")
+            return att_record(readable(safe_pickle.load_array, value, where), where, grid,
+                              box_array)
 
         try:
             yield from lmdb_steps(att, start, decode)
