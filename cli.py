@@ -172,13 +172,19 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 @stage_command("extract-regions", code="pipeline.features.extract.region_extraction")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--arch", type=click.Choice(["fpn", "c4", "c5"]), default="fpn", show_default=True,
-              help="fpn: torchvision's fasterrcnn_resnet50_fpn (1024-d box head); c4: the "
-                   "bottom-up layout, RoIAlign 14x14 on a ResNet's layer3, then layer4, "
-                   "mean-pooled; c5: RoIAlign 7x7 on layer4, mean-pooled.")
-@click.option("--backbone", default="resnet50", show_default=True)
+@click.option("--arch", type=click.Choice(["bottom-up", "fpn", "c4", "c5"]), default="fpn",
+              show_default=True,
+              help="bottom-up: the Visual Genome bottom-up detector (Caffe ResNet C4 with "
+                   "attributes; --weights a VG checkpoint in MILVLG's or airsplay's naming, or "
+                   "one `capstack train-detector` wrote); fpn: torchvision's "
+                   "fasterrcnn_resnet50_fpn (1024-d box head); c4: RoIAlign 14x14 on a "
+                   "torchvision ResNet's layer3, then layer4, mean-pooled; c5: RoIAlign 7x7 on "
+                   "layer4, mean-pooled.")
+@click.option("--backbone", default="resnet50", show_default=True,
+              help="fpn/c4/c5 only (bottom-up: the checkpoint's).")
 @click.option("--weights", default=None,
-              help="Detector (or, for c4/c5, ResNet) state_dict, or 'random' [torchvision's cache].")
+              help="bottom-up: its checkpoint (.pth, .pkl, .bin). Others: a detector (or, for "
+                   "c4/c5, ResNet) state_dict, or 'random' [torchvision's cache].")
 @click.option("--weights-kind", type=click.Choice(["auto", "detector", "backbone"]),
               default="auto", show_default=True)
 @click.option("--boxes", type=click.Choice(["detect", "given"]), default="detect",
@@ -190,18 +196,26 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 @click.option("--min-size", default=600, show_default=True, help="Images resized to this shorter side.")
 @click.option("--max-size", default=1000, show_default=True)
 @click.option("--num-classes", default=91, show_default=True,
-              help="Detector classes incl. background (COCO 91, Visual Genome 1601).")
+              help="fpn/c4/c5: classes incl. background (COCO 91); bottom-up reads them from "
+                   "its checkpoint.")
+@click.option("--top-attributes", default=1, show_default=True,
+              help="bottom-up: attributes kept per region (ids and probabilities, best first).")
+@click.option("--objects-vocab", default=None, type=click.Path(dir_okay=False),
+              help="bottom-up: objects_vocab.txt, so the store names each class.")
+@click.option("--attributes-vocab", default=None, type=click.Path(dir_okay=False),
+              help="bottom-up: attributes_vocab.txt, so the store names each attribute.")
 @_store_options
 def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weights_kind, boxes,
                         min_boxes, max_boxes, conf_thresh, nms_thresh, min_size, max_size,
-                        num_classes, out, features_root, fmt, pointer, dtype, batch_size, workers,
-                        device, nproc):
-    """Bottom-up region features from torchvision's Faster R-CNN into a feature store."""
+                        num_classes, top_attributes, objects_vocab, attributes_vocab, out,
+                        features_root, fmt, pointer, dtype, batch_size, workers, device, nproc):
+    """Bottom-up region features (the VG detector, or torchvision's Faster R-CNN) into a store."""
     hand_over_to_torchrun(nproc)
     from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 
     settings = RegionSettings(arch, backbone, weights, weights_kind, boxes, min_boxes, max_boxes,
-                              conf_thresh, nms_thresh, min_size, max_size, num_classes, dtype)
+                              conf_thresh, nms_thresh, min_size, max_size, num_classes, dtype,
+                              top_attributes, objects_vocab, attributes_vocab)
     _report_job(extract_regions(dataset_json, image_root, settings, out=out, root=features_root,
                                 format=fmt, pointer=pointer, batch_size=batch_size,
                                 workers=workers, device=device))
@@ -308,6 +322,38 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
            f"{r['color_accuracy']:.3f}" if "shape_accuracy" in r else "")
     click.echo(f"train-backbone: {r['objects']} objects, final train loss {r['train_loss']:.4f}"
                f"{val} -> {out}")
+
+
+@stage_command("train-detector", code="pipeline.features.detectors")
+@click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--label-key", default="label", show_default=True,
+              help="The box entry naming its object class (shapes: label or shape).")
+@click.option("--attribute-key", default="color", show_default=True,
+              help="The box entry naming its attribute ('' for no attribute head).")
+@click.option("--image-size", default=256, show_default=True,
+              help="Images resized to this shorter side (and longer at most).")
+@click.option("--width", default=8, show_default=True, help="The ResNet stem's width (VG: 64).")
+@click.option("--epochs", default=6, show_default=True)
+@click.option("--batch", "batch_size", default=8, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, image_size,
+                       width, epochs, batch_size, lr, seed):
+    """Train the bottom-up detector (Caffe C4, attribute head) on a dataset's labelled boxes;
+    reports COCO mAP on the test split; OUT loads with extract-regions --arch bottom-up."""
+    from pipeline.features.detectors.training import DetectorTraining, train_detector
+
+    cfg = DetectorTraining(label_key=label_key, attribute_key=attribute_key or None,
+                           image_size=image_size, width=width, epochs=epochs,
+                           batch_size=batch_size, lr=lr, seed=seed)
+    r = train_detector(dataset_json, image_root, out, cfg)
+    attributes = (f", attribute accuracy {r['attribute_accuracy']:.3f}"
+                  if r.get("attribute_accuracy") is not None else "")
+    click.echo(f"train-detector: {r['objects']} classes, {r['attributes']} attributes, "
+               f"{r['train_seconds']:.0f} s; test split ({r['images']} images): mAP@[.5:.95] "
+               f"{r['map']:.3f}, mAP@.5 {r['map50']:.3f}{attributes} -> {out}")
 
 
 # -- trainer ---------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from feature_sources import b64, dataset_json, region_rows
 from PIL import Image
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.safe_pickle import RefusedPickle
 from pipeline.features.interchange.importer import ImportJob, import_features
-from pipeline.features.interchange.safe_pickle import RefusedPickle
 from pipeline.features.stores import open_store
 
 N = 10

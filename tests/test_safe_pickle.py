@@ -9,8 +9,8 @@ import pickle
 import numpy as np
 import pytest
 
+from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
-from pipeline.features.interchange import safe_pickle
 
 PLAIN = {"objects_id": np.arange(5, dtype=np.int64), "conf": np.float32(0.5), "image_h": 480,
          "name": "COCO_val2014_000000000042", "nested": [1, 2.5, (3, b"raw")], "ids": {1, 2},

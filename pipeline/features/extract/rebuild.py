@@ -83,11 +83,13 @@ def _regions(producer: dict, weights: str, where: str, device: torch.device):
                             f"and new images have none: caption with a checkpoint trained on grid "
                             f"features or detected regions")
     settings = region_extraction.RegionSettings(
-        arch=s["arch"], backbone=s["backbone"], weights=weights, weights_kind=s["weights_kind"],
-        boxes="detect", min_boxes=s["min_boxes"], max_boxes=s["max_boxes"],
-        conf_thresh=s["conf_thresh"], nms_thresh=s["nms_thresh"], min_size=s["min_size"],
-        max_size=s["max_size"], num_classes=s["num_classes"])
-    extractor = region_extraction.build_extractor(settings, weights).eval().to(device)
+        arch=s["arch"], backbone=s["backbone"], weights=weights,
+        weights_kind=s.get("weights_kind", "auto"), boxes="detect", min_boxes=s["min_boxes"],
+        max_boxes=s["max_boxes"], conf_thresh=s["conf_thresh"], nms_thresh=s["nms_thresh"],
+        min_size=s["min_size"], max_size=s["max_size"], num_classes=s.get("num_classes", 91),
+        top_attributes=s.get("top_attributes", 1))
+    extractor = region_extraction.build_extractor(settings, weights, s["weights_md5"])
+    extractor = extractor.eval().to(device)
     return region_extraction.batch_model(extractor, device, None), detector_transform()
 
 

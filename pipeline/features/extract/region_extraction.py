@@ -3,7 +3,11 @@
 Boxes are detected (``--boxes detect``: the bottom-up rule, 10-100 adaptive or
 a fixed 36 with min = max) or taken from the dataset json (``--boxes given``:
 each image's ``boxes`` field, e.g. the shapes' objects or another detector's
-boxes), and pooled by the detector of :mod:`pipeline.features.extract.regions`.
+boxes), and described by a detector: ``--arch bottom-up``, the Visual Genome
+bottom-up model (:mod:`pipeline.features.detectors`, a VG checkpoint or one
+``capstack train-detector`` wrote; its regions also carry object and attribute
+labels), or a torchvision Faster R-CNN (``fpn``, ``c4``, ``c5``:
+:mod:`pipeline.features.extract.regions`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.ranks import pick_device
+from pipeline.features.detectors.checkpoints import (LoadedDetector, load_detector,
+                                                     missing_checkpoint)
+from pipeline.features.detectors.regions import BottomUpRegions
+from pipeline.features.detectors.vocabulary import label_names
 from pipeline.features.extract.backbones import RANDOM, RANDOM_SEED, resolve_weights
 from pipeline.features.extract.images import detector_transform
 from pipeline.features.extract.job import ExtractionJob, JobResult, run_job
@@ -30,11 +38,12 @@ from pipeline.features.stores import Record, Schema, field
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
 FPN_COCO_WEIGHTS = "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth"
 RESNET_ARCHS = ("c4", "c5")  # built on a plain ResNet: ImageNet weights can start them
+BOTTOM_UP = "bottom-up"  # the VG bottom-up detector: its checkpoint says the rest
 
 
 @dataclass
 class RegionSettings:
-    arch: str = "fpn"  # fpn (torchvision's fasterrcnn_resnet50_fpn) | c4 (bottom-up) | c5
+    arch: str = "fpn"  # bottom-up (VG) | fpn (torchvision's fasterrcnn_resnet50_fpn) | c4 | c5
     backbone: str = "resnet50"
     weights: str | None = None  # a path, "random", or None for torchvision's cache
     weights_kind: str = "auto"  # detector | backbone | auto
@@ -45,19 +54,34 @@ class RegionSettings:
     nms_thresh: float = 0.3
     min_size: int = 600
     max_size: int = 1000
-    num_classes: int = 91
+    num_classes: int = 91  # torchvision archs; bottom-up reads its counts from the checkpoint
     dtype: str = "float16"
+    top_attributes: int = 1  # bottom-up: attributes kept per region, best first
+    objects_vocab: str | None = None  # bottom-up: objects_vocab.txt (a name per class)
+    attributes_vocab: str | None = None  # bottom-up: attributes_vocab.txt
 
 
-def region_schema(feature_dim: int, dtype: str) -> Schema:
-    """A region record: each box's feature, the box (image pixels x1, y1, x2, y2), its score and
-    the detector's class for it."""
-    return Schema((field("features", (feature_dim,), dtype), field("boxes", (4,), "float32"),
-                   field("scores", (), "float32"), field("classes", (), "int32")))
+def region_schema_for(extractor, s: RegionSettings) -> Schema:
+    """The fields every region record of this extractor carries."""
+    fields = [field("features", (extractor.feature_dim,), s.dtype),
+              field("boxes", (4,), "float32"), field("scores", (), "float32"),
+              field("classes", (), "int32")]
+    top = getattr(extractor, "top_attributes", 0)
+    if top:
+        fields += [field("attributes", (top,), "int32"),
+                   field("attribute_scores", (top,), "float32")]
+    return Schema(tuple(fields))
 
 
 def _resolve_weights(s: RegionSettings) -> tuple[str, str]:
     """(path or "random", md5) of the weights to load."""
+    if s.arch == BOTTOM_UP:
+        if not s.weights or s.weights == RANDOM:
+            raise missing_checkpoint(Path(s.weights or "--weights"))
+        path = Path(s.weights).expanduser().resolve()
+        if not path.is_file():
+            raise missing_checkpoint(path)
+        return str(path), md5_of_file(path)
     if s.weights == RANDOM or (s.weights is None and s.arch in RESNET_ARCHS):
         w = resolve_weights(s.backbone, s.weights)  # c4/c5 without a file: ImageNet ResNet cache
         return w.path, w.md5
@@ -74,7 +98,16 @@ def _resolve_weights(s: RegionSettings) -> tuple[str, str]:
     return str(cached), md5_of_file(cached)
 
 
-def build_extractor(s: RegionSettings, weights_path: str) -> RegionFeatureExtractor:
+def build_extractor(s: RegionSettings, weights_path: str, weights_md5: str | None = None):
+    """The extractor ``s`` asks for, weights loaded (a BottomUpRegions or RegionFeatureExtractor)."""
+    if s.arch == BOTTOM_UP:
+        loaded = load_detector(weights_path, min_size=s.min_size, max_size=s.max_size,
+                               md5=weights_md5)
+        extractor = BottomUpRegions(loaded.detector, min_boxes=s.min_boxes,
+                                    max_boxes=s.max_boxes, conf_thresh=s.conf_thresh,
+                                    nms_thresh=s.nms_thresh, top_attributes=s.top_attributes)
+        extractor.loaded = loaded
+        return extractor
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RANDOM_SEED)  # random parts are the same in every run (resume)
         detector = build_detector(s.arch, backbone=s.backbone, num_classes=s.num_classes,
@@ -127,10 +160,32 @@ def batch_model(extractor: RegionFeatureExtractor, device: torch.device,
         return [Record(o["features"].float().cpu().numpy(), h, w,
                        boxes=o["boxes"].float().cpu().numpy(),
                        scores=o["scores"].float().cpu().numpy(),
-                       classes=o["classes"].cpu().numpy().astype(np.int32))
+                       classes=o["classes"].cpu().numpy().astype(np.int32),
+                       **_attribute_fields(o))
                 for o, h, w in zip(outs, batch["heights"], batch["widths"])]
 
     return run
+
+
+def _attribute_fields(region: dict) -> dict:
+    if "attributes" not in region:
+        return {}
+    return {"attributes": region["attributes"].cpu().numpy().astype(np.int32),
+            "attribute_scores": region["attribute_scores"].float().cpu().numpy()}
+
+
+def detector_settings(s: RegionSettings, probe) -> tuple[str, dict, dict]:
+    """The store's backbone word, the fingerprinted settings and the metadata of the detector."""
+    if s.arch != BOTTOM_UP:
+        return s.backbone, {"weights_kind": s.weights_kind, "num_classes": s.num_classes}, {}
+    loaded: LoadedDetector = probe.loaded
+    config = loaded.detector.config
+    depth = 2 + 3 * sum(config.resnet.blocks)
+    objects, attributes = label_names(loaded, s.objects_vocab, s.attributes_vocab)
+    settings = {"naming": loaded.naming, "detector": config.to_dict(),
+                "top_attributes": probe.top_attributes}
+    about = {**loaded.about(), "objects": objects, "attributes": attributes}
+    return f"bottom-up-r{depth}", settings, about
 
 
 def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
@@ -145,23 +200,24 @@ def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
     weights_path, weights_md5 = _resolve_weights(s)
     boxes = given_boxes(dataset_json) if s.boxes == "given" else None
     dev = pick_device(device)
-    probe = build_extractor(s, weights_path)  # fails early on bad weights; gives the dims
+    probe = build_extractor(s, weights_path, weights_md5)  # fails early on bad weights
+    backbone, detector, about = detector_settings(s, probe)
     settings = {"extractor": "extract-regions", "features_version": FEATURES_VERSION,
-                "arch": s.arch, "weights_md5": weights_md5, "weights_kind": s.weights_kind,
-                "boxes": s.boxes, "min_size": s.min_size, "max_size": s.max_size,
-                "num_classes": s.num_classes, "feature_dim": probe.feature_dim}
+                "arch": s.arch, "weights_md5": weights_md5, "boxes": s.boxes,
+                "min_size": s.min_size, "max_size": s.max_size,
+                "feature_dim": probe.feature_dim, **detector}
     if boxes is None:
         settings |= {"min_boxes": s.min_boxes, "max_boxes": s.max_boxes,
                      "conf_thresh": s.conf_thresh, "nms_thresh": s.nms_thresh}
     else:
         settings["given_boxes_md5"] = _boxes_digest(boxes)
     job = ExtractionJob(
-        kind="regions", backbone=s.backbone, dataset_json=Path(dataset_json),
+        kind="regions", backbone=backbone, dataset_json=Path(dataset_json),
         image_root=Path(image_root), dtype=s.dtype, out=out, root=root, format=format,
-        schema=region_schema(probe.feature_dim, s.dtype),
+        schema=region_schema_for(probe, s),
         settings=settings, describe={"weights": weights_path, "layer": probe.layer,
                                      "resize": f"shorter side {s.min_size}, longer at most "
-                                                   f"{s.max_size}"})
+                                                   f"{s.max_size}", **about})
 
     def make_model():
         return batch_model(probe.to(dev), dev, boxes)

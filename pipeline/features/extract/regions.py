@@ -55,10 +55,12 @@ from torchvision.models.detection import FasterRCNN, fasterrcnn_resnet50_fpn
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.transform import resize_boxes
-from torchvision.ops import MultiScaleRoIAlign, batched_nms
+from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops import boxes as box_ops
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.state_dicts import first_misfit, listed
+from pipeline.features.detectors.selection import select_regions
 from pipeline.features.extract.backbones import BACKBONES, build_resnet
 
 ARCHS = ("fpn", "c5", "c4")
@@ -182,26 +184,14 @@ def _guess_kind(path: Path, state: dict[str, Tensor]) -> str:
                         f"pass kind 'detector' or 'backbone'")
 
 
-def _is_bn_counter(key: str) -> bool:
-    """BatchNorm's ``num_batches_tracked``: absent from FrozenBatchNorm checkpoints, unused in eval."""
-    return key.endswith("num_batches_tracked")
-
-
 def _check_keys(path: Path, state: dict[str, Tensor], target: nn.Module, what: str) -> None:
     """Raise naming the first keys of ``state`` that do not fit ``target``'s state_dict."""
-    expected = {k: v.shape for k, v in target.state_dict().items()}
-    missing = [k for k in expected if k not in state and not _is_bn_counter(k)]
-    unexpected = [k for k in state if k not in expected and not _is_bn_counter(k)]
-    wrong = [f"{k} {list(state[k].shape)} vs {list(expected[k])}"
-             for k in state if k in expected and state[k].shape != expected[k]]
-    for problem, keys in (("missing keys", missing), ("unexpected keys", unexpected),
-                          ("shape mismatch (file vs model)", wrong)):
-        if keys:
-            more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
-            hint = (" (build the detector with the checkpoint's num_classes)"
-                    if any("box_predictor" in k for k in keys) else "")
-            raise CapstackError(f"{path}: does not fit the {what}: {problem} "
-                                f"{', '.join(keys[:3])}{more}{hint}")
+    misfit = first_misfit(state, target)
+    if misfit:
+        problem, keys = misfit
+        hint = (" (build the detector with the checkpoint's num_classes)"
+                if any("box_predictor" in k for k in keys) else "")
+        raise CapstackError(f"{path}: does not fit the {what}: {problem} {listed(keys)}{hint}")
 
 
 def load_detector_weights(model: FasterRCNN, path, *, kind: str = "auto") -> str:
@@ -241,51 +231,6 @@ def resnet_view(model: FasterRCNN) -> nn.Module:
     if isinstance(head, Layer4BoxHead):
         view.add_module("layer4", head.layer4)
     return view
-
-
-# --------------------------------------------------------------------------- selection
-
-def survived_max_score(boxes: Tensor, class_scores: Tensor, nms_thresh: float,
-                       min_score: float = 0.0) -> Tensor:
-    """Per box, its best score over the classes for which it survives per-class NMS (0 if none).
-
-    Only (box, class) entries scoring ``>= min_score`` take part. That is exact for
-    every result ``>= min_score`` (an entry is only ever suppressed by higher
-    scores) and much cheaper with many classes; lower results read 0.
-    boxes [N, 4], class_scores [N, K] (foreground classes only) -> [N].
-    """
-    n, k = class_scores.shape
-    box_index, class_index = torch.nonzero(class_scores >= min_score, as_tuple=True)  # [E], [E]
-    entry_scores = class_scores[box_index, class_index]  # [E]
-    keep = batched_nms(boxes[box_index], entry_scores, class_index, nms_thresh)  # [E'] into E
-    best = class_scores.new_zeros(n)
-    return best.scatter_reduce(0, box_index[keep], entry_scores[keep], reduce="amax")  # [N]
-
-
-def select_regions(boxes: Tensor, class_scores: Tensor, *, nms_thresh: float, conf_thresh: float,
-                   min_boxes: int, max_boxes: int) -> tuple[Tensor, Tensor]:
-    """The bottom-up rule: which of N proposals to keep, best first, and their scores.
-
-    A proposal's score is its best class score among the classes for which it
-    survives per-class NMS (:func:`survived_max_score`). Kept: those scoring
-    ``>= conf_thresh``; if fewer than ``min_boxes``, the ``min_boxes`` best anyway;
-    at most ``max_boxes``; never more than exist. Ties (such as proposals suppressed
-    for every class, score 0) go to the higher raw class score.
-
-    boxes [N, 4], class_scores [N, K] (foreground) -> indices [M], scores [M].
-    """
-    if boxes.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.int64, device=boxes.device), class_scores.new_zeros(0)
-    conf = survived_max_score(boxes, class_scores, nms_thresh, min_score=conf_thresh)  # [N]
-    count = int((conf >= conf_thresh).sum())
-    if count < min_boxes and conf_thresh > 0:  # the fill-up ranks the rest too: all entries
-        conf = survived_max_score(boxes, class_scores, nms_thresh)
-    # sort by raw max score, then stably by conf: conf decides, raw score breaks ties
-    order = class_scores.max(dim=1).values.argsort(descending=True, stable=True)
-    order = order[conf[order].argsort(descending=True, stable=True)]
-    count = min(max(count, min_boxes), max_boxes, len(order))
-    keep = order[:count]
-    return keep, conf[keep]
 
 
 # --------------------------------------------------------------------------- extraction

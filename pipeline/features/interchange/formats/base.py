@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.safe_pickle import RefusedPickle
 from pipeline.features.catalog import size_bytes
-from pipeline.features.interchange.safe_pickle import RefusedPickle
 from pipeline.features.stores import Record
 
 

@@ -20,8 +20,8 @@ from typing import Iterator
 
 import numpy as np
 
+from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
-from pipeline.features.interchange import safe_pickle
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
                                                         readable)

@@ -1,0 +1,225 @@
+"""Train the bottom-up detector on a dataset's labelled boxes (the demo's own detector).
+
+The network is the VG model's (Caffe ResNet C4, RoI pooling, attribute
+branch), smaller: the shapes are 128-pixel drawings, not Visual Genome photos.
+It learns from scratch with real batch norm, which the checkpoint saves as the
+four tensors the frozen norm reads, so ``extract-regions --arch bottom-up``
+loads it like a VG checkpoint. Objects are the ``label_key`` of each box (the
+shapes), attributes its ``attribute_key`` (their colours), as the VG attribute
+head learns colours among its 400 attributes. Targets and losses: :mod:`targets`;
+quality on the test split: :mod:`quality`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from pipeline.captions.karpathy import load_karpathy
+from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import write_json
+from pipeline.features.detectors import quality, targets
+from pipeline.features.detectors.caffe_resnet import ResNetShape
+from pipeline.features.detectors.checkpoints import save_capstack
+from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig
+from pipeline.features.detectors.rpn import ProposalSettings, per_anchor
+from pipeline.features.extract.images import ImageSkipped, load_rgb, pil_to_uint8
+
+
+@dataclass
+class DetectorTraining:
+    label_key: str = "label"
+    attribute_key: str | None = "attribute"
+    blocks: tuple[int, int, int, int] = (1, 1, 1, 1)
+    width: int = 8
+    rpn_channels: int = 64
+    image_size: int = 256  # shorter side (and longer at most): 128-pixel shapes at 2x
+    anchor_scales: tuple[float, ...] = (2, 4, 8)  # x 16 px: 32 to 128 pixels
+    proposals: int = 100  # kept after NMS, at test time (the VG model keeps 300)
+    train_proposals: int = 300
+    rpn_batch: int = 128
+    rois: int = 32  # sampled per image for the detection head
+    epochs: int = 6
+    batch_size: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+
+
+@dataclass
+class Example:
+    image: torch.Tensor  # uint8 [3, H, W]
+    boxes: torch.Tensor  # float32 [G, 4]
+    labels: torch.Tensor  # int64 [G], 1..
+    attributes: torch.Tensor  # int64 [G], 1.. (0: none)
+
+    def float_image(self) -> torch.Tensor:
+        return self.image.float() / 255.0
+
+
+def label_names(images, key: str | None) -> list[str]:
+    if key is None:
+        return []
+    return sorted({str(b[key]) for im in images for b in im.extra.get("boxes", [])
+                   if isinstance(b, dict) and b.get(key) is not None})
+
+
+def examples(images, image_root: Path, objects: dict[str, int], attributes: dict[str, int],
+             cfg: DetectorTraining, where: Path, progress: bool) -> list[Example]:
+    """Every image with its labelled boxes, decoded once and kept in memory."""
+    from tqdm import tqdm
+
+    out = []
+    for im in tqdm(images, desc="detector: read images", disable=not progress):
+        path = image_root / im.relpath
+        try:
+            picture = load_rgb(path)
+        except ImageSkipped as e:
+            raise CapstackError(f"{path}: cannot train on this image ({e.reason})") from None
+        boxes, labels, attrs = [], [], []
+        for k, b in enumerate(im.extra.get("boxes", [])):
+            if not isinstance(b, dict) or "box" not in b:
+                raise CapstackError(f"{where}: images[{im.index}].boxes[{k}]: expected "
+                                    f'{{"box": [x1, y1, x2, y2], "{cfg.label_key}": ...}}')
+            name = b.get(cfg.label_key)
+            if name is None or str(name) not in objects:
+                continue  # a label the train split never shows
+            boxes.append([float(v) for v in b["box"]])
+            labels.append(objects[str(name)])
+            attrs.append(attributes.get(str(b.get(cfg.attribute_key)), 0)
+                         if cfg.attribute_key else 0)
+        out.append(Example(pil_to_uint8(picture), torch.tensor(boxes).reshape(-1, 4),
+                           torch.tensor(labels, dtype=torch.int64),
+                           torch.tensor(attrs, dtype=torch.int64)))
+    return out
+
+
+def detector_config(cfg: DetectorTraining, objects: int, attributes: int) -> DetectorConfig:
+    return DetectorConfig(
+        resnet=ResNetShape(blocks=tuple(cfg.blocks), width=cfg.width, stride_in_1x1=True,
+                           caffe_maxpool=True, res5_stride=2, res5_dilation=1),
+        num_classes=objects + 1, num_attributes=attributes + 1 if attributes else 0,
+        rpn_channels=cfg.rpn_channels, attribute_embedding=32, attribute_hidden=64,
+        proposals=ProposalSettings(pre_nms=1000, post_nms=cfg.proposals, min_size=4,
+                                   scales=tuple(cfg.anchor_scales)),
+        min_size=cfg.image_size, max_size=cfg.image_size)
+
+
+def step_loss(model: BottomUpDetector, batch: list[Example], cfg: DetectorTraining,
+              train_proposals: ProposalSettings) -> dict[str, torch.Tensor]:
+    """The five losses of one batch (images of one size)."""
+    prepared = model.prepare([e.float_image() for e in batch])
+    x = torch.stack([p for p, _ in prepared])
+    fmap = model.backbone(x)  # [B, C, h, w]
+    objectness, deltas = model.rpn(fmap)
+    anchors = model.proposals.anchors(*fmap.shape[-2:])
+    size = tuple(x.shape[-2:])
+    losses = {k: [] for k in ("rpn_objectness", "rpn_box", "classes", "box", "attributes")}
+    rois, classes, matched, image_index = [], [], [], []
+    generator = model.proposals
+    for i, (example, (_, scale)) in enumerate(zip(batch, prepared)):
+        gt = example.boxes * scale
+        logits, d = per_anchor(objectness[i], deltas[i])
+        o, b = targets.rpn_loss(logits, d, anchors, gt, size, cfg.rpn_batch)
+        losses["rpn_objectness"].append(o)
+        losses["rpn_box"].append(b)
+        with torch.no_grad():
+            settings, generator.settings = generator.settings, train_proposals
+            proposals, _ = generator(objectness[i].detach(), deltas[i].detach(), size, scale)
+            generator.settings = settings
+        r, c, m = targets.sample_rois(proposals, gt, example.labels, cfg.rois)
+        rois.append(r)
+        classes.append(c)
+        matched.append((gt[m], example.attributes[m]))
+        image_index.append(torch.full((len(r), 1), float(i)))
+    all_rois = torch.cat(rois)
+    features = model.box_head(fmap, torch.cat([torch.cat(image_index), all_rois], dim=1))
+    class_logits, box_deltas = model.predictor(features)
+    all_classes = torch.cat(classes)
+    matched_boxes = torch.cat([m[0] for m in matched])
+    c, b = targets.head_loss(class_logits, box_deltas, all_rois, all_classes, matched_boxes)
+    out = {"rpn_objectness": torch.stack(losses["rpn_objectness"]).mean(),
+           "rpn_box": torch.stack(losses["rpn_box"]).mean(), "classes": c, "box": b}
+    if model.attributes is not None:
+        wanted = torch.cat([m[1] for m in matched])
+        labelled = (all_classes > 0) & (wanted > 0)
+        if labelled.any():
+            logits = model.attributes(features[labelled], all_classes[labelled])
+            out["attributes"] = torch.nn.functional.cross_entropy(logits, wanted[labelled])
+    return out
+
+
+def evaluate(model: BottomUpDetector, split: list[Example], progress: bool) -> dict:
+    from tqdm import tqdm
+
+    model.eval()
+    found = [quality.detect(model, e.float_image())
+             for e in tqdm(split, desc="detector: test split", disable=not progress)]
+    truth = [{"boxes": e.boxes, "labels": e.labels, "attributes": e.attributes} for e in split]
+    metrics = quality.coco_map(truth, found, model.config.num_classes)
+    metrics["attribute_accuracy"] = quality.attribute_accuracy(truth, found)
+    metrics["images"] = len(split)
+    return metrics
+
+
+def fold_box_stds(model: BottomUpDetector) -> None:
+    """Trained on deltas divided by the stds: fold them into bbox_pred (as Caffe's snapshot does)."""
+    with torch.no_grad():
+        stds = torch.tensor(targets.BBOX_STDS).repeat(model.config.num_classes)
+        model.predictor.bbox_pred.weight.mul_(stds[:, None])
+        model.predictor.bbox_pred.bias.mul_(stds)
+
+
+def train_detector(dataset_json: Path, image_root: Path, out: Path, cfg: DetectorTraining,
+                   progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    dataset = load_karpathy(dataset_json)
+    train = dataset.split("train")
+    objects = label_names(train, cfg.label_key)
+    attributes = label_names(train, cfg.attribute_key)
+    if not objects:
+        raise CapstackError(f"{dataset_json}: no boxes with a {cfg.label_key!r} in the train "
+                            f"split to train a detector on")
+    object_index = {n: k + 1 for k, n in enumerate(objects)}
+    attribute_index = {n: k + 1 for k, n in enumerate(attributes)}
+    train_set = examples(train, Path(image_root), object_index, attribute_index, cfg,
+                         dataset_json, progress)
+    test_set = examples(dataset.split("test"), Path(image_root), object_index, attribute_index,
+                        cfg, dataset_json, False)
+    torch.manual_seed(cfg.seed)
+    model = BottomUpDetector(detector_config(cfg, len(objects), len(attributes)),
+                             frozen_norm=False)
+    optimiser = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    schedule = torch.optim.lr_scheduler.MultiStepLR(optimiser, [max(1, cfg.epochs - 1)], 0.1)
+    train_proposals = replace(model.config.proposals, pre_nms=2000, post_nms=cfg.train_proposals)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    history, started = [], time.perf_counter()
+    for epoch in range(cfg.epochs):
+        model.train()
+        order = torch.randperm(len(train_set), generator=generator).tolist()
+        batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+        sums: dict[str, float] = {}
+        bar = tqdm(batches, desc=f"detector epoch {epoch + 1}/{cfg.epochs}", disable=not progress)
+        for batch in bar:
+            losses = step_loss(model, [train_set[k] for k in batch], cfg, train_proposals)
+            loss = sum(losses.values())
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            for k, v in losses.items():
+                sums[k] = sums.get(k, 0.0) + v.item()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        schedule.step()
+        history.append({"epoch": epoch + 1, **{k: v / len(batches) for k, v in sums.items()}})
+    seconds = time.perf_counter() - started
+    fold_box_stds(model)
+    metrics = evaluate(model, test_set, progress)
+    about = {"dataset": str(Path(dataset_json).resolve()), "config": asdict(cfg),
+             "history": history, "test": metrics, "train_seconds": round(seconds, 1)}
+    save_capstack(model, out, objects=objects, attributes=attributes or None, about=about)
+    write_json(Path(str(out) + ".json"), {"objects": objects, "attributes": attributes, **about})
+    return {"out": str(out), "objects": len(objects), "attributes": len(attributes),
+            "train_seconds": seconds, **metrics}

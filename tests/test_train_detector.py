@@ -1,0 +1,78 @@
+"""train-detector: the bottom-up detector learns a dataset's boxes and its checkpoint extracts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.core.errors import CapstackError
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.detectors.checkpoints import load_detector
+from pipeline.features.detectors.training import DetectorTraining, train_detector
+from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
+from pipeline.features.stores import open_store
+
+TINY = DetectorTraining(label_key="shape", attribute_key="color", epochs=1, batch_size=3,
+                        image_size=64, proposals=20, train_proposals=40, rois=8)
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data") / "shapes"
+    write_shapes_dataset(root, n_train=6, n_val=1, n_test=2, seed=3, size=64)
+    return root, root / "dataset_shapes.json"
+
+
+@pytest.fixture(scope="module")
+def trained(shapes, tmp_path_factory):
+    root, dataset = shapes
+    out = tmp_path_factory.mktemp("detector") / "detector.pth"
+    return out, train_detector(dataset, root, out, TINY, progress=False)
+
+
+def test_training_reports_coco_map_and_attribute_accuracy(shapes, trained):
+    out, report = trained
+    assert report["images"] == 2 and report["objects"] >= 1 and report["attributes"] >= 1
+    assert 0.0 <= report["map"] <= report["map50"] <= 1.0
+    assert report["attribute_accuracy"] is None or 0.0 <= report["attribute_accuracy"] <= 1.0
+    written = json.loads(out.with_name(out.name + ".json").read_text())
+    assert written["test"]["map50"] == report["map50"] and len(written["history"]) == 1
+    assert set(written["history"][0]) >= {"rpn_objectness", "rpn_box", "classes", "box"}
+
+
+def test_the_checkpoint_loads_with_its_label_names(shapes, trained):
+    out, _ = trained
+    loaded = load_detector(out)
+    names = json.loads(out.with_name(out.name + ".json").read_text())
+    assert loaded.naming == "capstack" and loaded.objects == names["objects"]
+    assert loaded.attributes == names["attributes"]
+    config = loaded.detector.config
+    assert config.num_classes == len(names["objects"]) + 1 and config.min_size == 64
+    assert not loaded.detector.training
+
+
+def test_extract_regions_detects_with_the_trained_detector(shapes, trained, tmp_path):
+    root, dataset = shapes
+    out, _ = trained
+    settings = RegionSettings(arch="bottom-up", weights=str(out), min_boxes=2, max_boxes=4,
+                              min_size=64, max_size=64)
+    result = extract_regions(dataset, root, settings, root=tmp_path, batch_size=4, workers=0,
+                             progress=False)
+    store = open_store(result.store)
+    about = store.meta["producer"]["about"]
+    assert about["naming"] == "capstack" and about["objects"] == load_detector(out).objects
+    for image_id in store.ids():
+        record = store.get(image_id)
+        assert 2 <= record.num <= 4 and record["attributes"].shape == (record.num, 1)
+
+
+def test_a_dataset_without_labelled_boxes_is_refused(shapes, tmp_path):
+    root, dataset = shapes
+    data = json.loads(dataset.read_text())
+    for image in data["images"]:
+        image["boxes"] = [{"box": b["box"]} for b in image["boxes"]]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(data))
+    with pytest.raises(CapstackError, match=f"{bare}: no boxes with a 'shape'"):
+        train_detector(bare, root, tmp_path / "d.pth", TINY, progress=False)
