@@ -1,4 +1,4 @@
-"""Extraction: images/s of extract-grid against the backbone's forward pass alone.
+"""Extraction: images/s of extract-grid (or the VG region detector) against the forward pass alone.
 
 The pipeline (decode + resize in DataLoader workers, forward, float16 store
 writes) should keep the backbone >= 90 % busy: its images/s over the forward
@@ -8,6 +8,15 @@ because a random ResNet-101's activations overflow float16).
 
     python benchmarks/extraction.py [--images 64] [--backbone resnet101] [--image-size 448]
         [--batch 16] [--workers 2] [--device cuda]
+
+``--detector vg``: the Visual Genome bottom-up detector at its real size
+(ResNet-101 C4, 1601 classes, 401 attributes, 600x1000, 10-100 boxes; random
+weights in MILVLG's naming, written by benchmarks/vg_checkpoints.py): images/s
+of extract-regions against the forward pass alone, and the forward pass split
+into backbone (res2-res4), RPN (head, decoding, NMS), RoI pooling + res5 +
+predictors, and the region selection; writing is the loop's time beyond them.
+
+    python benchmarks/extraction.py --detector vg [--images 4] [--batch 2] [--device cuda]
 """
 
 from __future__ import annotations
@@ -74,6 +83,72 @@ def forward_only(args, device) -> float:
     return n_batches * args.batch / (time.perf_counter() - started)
 
 
+def vg_phases(extractor, images: list[torch.Tensor], device) -> dict[str, float]:
+    """Seconds per phase of the bottom-up forward pass over ``images`` (one at a time)."""
+    from pipeline.features.detectors.boxes import inclusive
+    from pipeline.features.detectors.selection import select_regions
+
+    detector = extractor.detector
+    phases = dict.fromkeys(["backbone", "rpn", "roi_res5", "selection"], 0.0)
+
+    def timed(name, fn):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        phases[name] += time.perf_counter() - started
+        return out
+
+    with torch.inference_mode(), autocast(device):
+        for image in images:
+            [(x, scale)] = detector.prepare([image.to(device)])
+            [fmap] = timed("backbone", lambda: detector.res4([x]))
+            boxes, _ = timed("rpn", lambda: detector.proposals(
+                *[t[0] for t in detector.rpn(fmap[None])], tuple(x.shape[-2:]), scale))
+            _, probs, _ = timed("roi_res5", lambda: detector.describe(fmap, boxes))
+            timed("selection", lambda: select_regions(
+                inclusive(boxes / scale), probs[:, 1:], nms_thresh=0.3, conf_thresh=0.2,
+                min_boxes=10, max_boxes=100))
+    return phases
+
+
+def vg_benchmark(args, device) -> None:
+    from benchmarks.vg_checkpoints import random_vg_detector, write
+    from pipeline.features.extract.images import DetectorTransform, load_rgb
+    from pipeline.features.extract.region_extraction import (RegionSettings, build_extractor,
+                                                             extract_regions)
+
+    print(f"device {device}, torch threads {torch.get_num_threads()}, VG bottom-up R101 C4 "
+          f"600x1000, batch {args.batch}, {args.workers} workers, {args.images} images")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        dataset = write_images(tmp, args.images)
+        checkpoint = write(random_vg_detector(), "bua-caffe", tmp)
+        settings = RegionSettings(arch="bottom-up", weights=str(checkpoint), dtype="float32")
+        extractor = build_extractor(settings, str(checkpoint)).to(device)
+        transform = DetectorTransform()
+        images = [transform(load_rgb(tmp / "images" / f"{i:05d}.jpg")) for i in range(args.images)]
+        vg_phases(extractor, images[:1], device)  # warm-up
+        phases = vg_phases(extractor, images, device)
+        forward = sum(phases.values())
+        print(f"forward pass alone (decoded images): {args.images / forward:8.3f} images/s")
+        for name, seconds in phases.items():
+            print(f"  {name:10s} {seconds / args.images * 1000:9.1f} ms/image  "
+                  f"{seconds / forward:6.1%}")
+        started = time.perf_counter()
+        result = extract_regions(dataset, tmp, settings, root=tmp / "features",
+                                 batch_size=args.batch, workers=args.workers,
+                                 device=args.device, progress=False)
+        total = time.perf_counter() - started
+        print(f"extract-regions loop (decode, forward, write): {result.images_per_s:8.3f} "
+              f"images/s  (whole command incl. checkpoint load and hashing: "
+              f"{args.images / total:.3f})")
+        print(f"forward pass: {result.images_per_s / (args.images / forward):.1%} of the loop's "
+              f"wall time (decoding, batching and writing: the rest)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=64)
@@ -83,8 +158,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--detector", choices=["vg"], default=None,
+                    help="benchmark the VG bottom-up region detector instead of the grid")
     args = ap.parse_args()
     device = pick_device(args.device)
+    if args.detector == "vg":
+        return vg_benchmark(args, device)
     print(f"device {device}, torch threads {torch.get_num_threads()}, {args.backbone} "
           f"{args.image_size}px, batch {args.batch}, {args.workers} workers, {args.images} images")
     with tempfile.TemporaryDirectory() as tmp:
