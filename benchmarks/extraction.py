@@ -116,6 +116,7 @@ def vg_phases(extractor, images: list[torch.Tensor], device) -> dict[str, float]
 
 def vg_benchmark(args, device) -> None:
     from benchmarks.vg_checkpoints import random_vg_detector, write
+
     from pipeline.features.extract.images import DetectorTransform, load_rgb
     from pipeline.features.extract.region_extraction import (RegionSettings, build_extractor,
                                                              extract_regions)

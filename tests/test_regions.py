@@ -11,8 +11,9 @@ from torchvision.models import resnet18, resnet50
 from torchvision.ops import roi_align
 
 from pipeline.core.errors import CapstackError
+from pipeline.features.detectors.selection import select_regions
 from pipeline.features.extract.regions import (RegionFeatureExtractor, build_detector,
-                                               load_detector_weights, select_regions)
+                                               load_detector_weights)
 
 MIN_SIZE, MAX_SIZE = 128, 160
 NUM_CLASSES = 91

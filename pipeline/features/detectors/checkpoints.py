@@ -37,7 +37,7 @@ naming the first offending keys as the file spells them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -293,10 +293,7 @@ def vg_config(path: Path, naming: Naming, state: dict[str, Tensor]) -> DetectorC
     embedding = state.get("attributes.class_embedding.weight")
     hidden = state.get("attributes.fc.weight")
     return DetectorConfig(
-        resnet=ResNetShape(blocks=stages, width=width, stride_in_1x1=VG_RESNET.stride_in_1x1,
-                           caffe_maxpool=VG_RESNET.caffe_maxpool,
-                           res5_stride=VG_RESNET.res5_stride,
-                           res5_dilation=VG_RESNET.res5_dilation),
+        resnet=replace(VG_RESNET, blocks=stages, width=width),
         num_classes=state["predictor.cls_score.weight"].shape[0],
         num_attributes=0 if attr is None else attr.shape[0],
         rpn_channels=state["rpn.conv.weight"].shape[0],

@@ -121,9 +121,9 @@ class BottomUpDetector(nn.Module):
     def prepare(self, images: list[Tensor]) -> list[tuple[Tensor, float]]:
         """Each image as the network's input, with its scale (resized / original)."""
         c = self.config
-        return [(caffe_input(img, scale_for(*img.shape[-2:], c.min_size, c.max_size),
-                             c.pixel_means_bgr), scale_for(*img.shape[-2:], c.min_size, c.max_size))
-                for img in images]
+        scales = [scale_for(*img.shape[-2:], c.min_size, c.max_size) for img in images]
+        return [(caffe_input(img, scale, c.pixel_means_bgr), scale)
+                for img, scale in zip(images, scales)]
 
     def res4(self, inputs: list[Tensor]) -> list[Tensor]:
         """The trunk's map of each input, images of one size batched together."""

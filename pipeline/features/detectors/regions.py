@@ -12,22 +12,21 @@ never reported), best first.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from pipeline.features.detectors.boxes import inclusive
+from pipeline.features.detectors.checkpoints import LoadedDetector
 from pipeline.features.detectors.detector import BottomUpDetector
-from pipeline.features.detectors.selection import select_regions
+from pipeline.features.detectors.selection import RegionExtractor
 
 
-class BottomUpRegions(nn.Module):
+class BottomUpRegions(RegionExtractor):
     def __init__(self, detector: BottomUpDetector, *, min_boxes: int = 10, max_boxes: int = 100,
-                 conf_thresh: float = 0.2, nms_thresh: float = 0.3, top_attributes: int = 1):
-        super().__init__()
-        if not 0 <= min_boxes <= max_boxes:
-            raise ValueError(f"need 0 <= min_boxes <= max_boxes, got {min_boxes}, {max_boxes}")
-        self.detector = detector.eval()
-        self.min_boxes, self.max_boxes = min_boxes, max_boxes
-        self.conf_thresh, self.nms_thresh = conf_thresh, nms_thresh
+                 conf_thresh: float = 0.2, nms_thresh: float = 0.3, top_attributes: int = 1,
+                 loaded: LoadedDetector | None = None):
+        super().__init__(detector, min_boxes=min_boxes, max_boxes=max_boxes,
+                         conf_thresh=conf_thresh, nms_thresh=nms_thresh)
+        self.loaded = loaded  # the checkpoint it came from, for the store's metadata
         has_attributes = detector.attributes is not None
         self.top_attributes = min(top_attributes, detector.config.num_attributes - 1) \
             if has_attributes else 0
@@ -37,10 +36,6 @@ class BottomUpRegions(nn.Module):
                       f"(stride 16), res5 (stride {shape.res5_stride}, dilation "
                       f"{shape.res5_dilation}), spatial mean ({self.feature_dim}-d)")
 
-    def train(self, mode: bool = True) -> BottomUpRegions:
-        """An extractor never trains: stays in eval mode whatever ``mode`` says."""
-        return super().train(False)
-
     @torch.inference_mode()
     def forward(self, images: list[Tensor], boxes: list[Tensor] | None = None) -> list[dict]:
         """Per image: ``features`` [N, D], ``boxes`` [N, 4], ``scores`` [N], ``classes`` [N],
@@ -49,10 +44,7 @@ class BottomUpRegions(nn.Module):
         for k, found in enumerate(self.detector(images, boxes)):
             foreground = found.class_probs[:, 1:]  # [P, K-1]
             if boxes is None:
-                keep, scores = select_regions(
-                    inclusive(found.boxes), foreground, nms_thresh=self.nms_thresh,
-                    conf_thresh=self.conf_thresh, min_boxes=self.min_boxes,
-                    max_boxes=self.max_boxes)
+                keep, scores = self.select(inclusive(found.boxes), foreground)
             else:
                 keep = torch.arange(len(found.boxes), device=found.boxes.device)
                 scores = foreground.max(dim=1).values if len(keep) else foreground.new_zeros(0)

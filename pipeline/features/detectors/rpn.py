@@ -74,13 +74,14 @@ class ProposalGenerator(nn.Module):
             self.cell.device)
 
     def forward(self, objectness: Tensor, deltas: Tensor, image_size: tuple[int, int],
-                scale: float) -> tuple[Tensor, Tensor]:
+                scale: float, settings: ProposalSettings | None = None) -> tuple[Tensor, Tensor]:
         """One image: proposals [P, 4] in the resized image's pixels and their logits [P].
 
         objectness [A, h, w], deltas [4A, h, w]; image_size (H, W) resized; scale = resized /
-        original (the minimum size is in original pixels).
+        original (the minimum size is in original pixels). ``settings`` replaces the test
+        settings' counts and thresholds (training keeps more proposals); the anchors stay.
         """
-        s = self.settings
+        s = settings or self.settings
         logits, deltas = per_anchor(objectness, deltas)
         anchors = self.anchors(*objectness.shape[-2:])
         boxes = caffe_boxes.clip(caffe_boxes.decode(deltas.float(), anchors), *image_size)

@@ -8,8 +8,37 @@ at least ``min_boxes`` and at most ``max_boxes`` of them, best first.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchvision.ops import batched_nms
+
+
+class RegionExtractor(nn.Module):
+    """A detector with the selection rule's settings: what every region extractor shares.
+
+    Always in eval mode (RPNs and box heads need it at inference), whatever
+    ``train()`` is asked. Subclasses set ``feature_dim`` and ``layer`` (the store's
+    metadata) and return per image a dict of ``features``, ``boxes``, ``scores``,
+    ``classes`` (and any other field they declare).
+    """
+
+    def __init__(self, detector: nn.Module, *, min_boxes: int, max_boxes: int,
+                 conf_thresh: float, nms_thresh: float):
+        super().__init__()
+        if not 0 <= min_boxes <= max_boxes:
+            raise ValueError(f"need 0 <= min_boxes <= max_boxes, got {min_boxes}, {max_boxes}")
+        self.detector = detector.eval()
+        self.min_boxes, self.max_boxes = min_boxes, max_boxes
+        self.conf_thresh, self.nms_thresh = conf_thresh, nms_thresh
+
+    def train(self, mode: bool = True) -> RegionExtractor:
+        """An extractor never trains: stays in eval mode whatever ``mode`` says."""
+        return super().train(False)
+
+    def select(self, boxes: Tensor, class_scores: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`select_regions` with this extractor's settings."""
+        return select_regions(boxes, class_scores, nms_thresh=self.nms_thresh,
+                              conf_thresh=self.conf_thresh, min_boxes=self.min_boxes,
+                              max_boxes=self.max_boxes)
 
 
 def survived_max_score(boxes: Tensor, class_scores: Tensor, nms_thresh: float,

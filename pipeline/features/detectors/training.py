@@ -118,7 +118,6 @@ def step_loss(model: BottomUpDetector, batch: list[Example], cfg: DetectorTraini
     size = tuple(x.shape[-2:])
     losses = {k: [] for k in ("rpn_objectness", "rpn_box", "classes", "box", "attributes")}
     rois, classes, matched, image_index = [], [], [], []
-    generator = model.proposals
     for i, (example, (_, scale)) in enumerate(zip(batch, prepared)):
         gt = example.boxes * scale
         logits, d = per_anchor(objectness[i], deltas[i])
@@ -126,9 +125,7 @@ def step_loss(model: BottomUpDetector, batch: list[Example], cfg: DetectorTraini
         losses["rpn_objectness"].append(o)
         losses["rpn_box"].append(b)
         with torch.no_grad():
-            settings, generator.settings = generator.settings, train_proposals
-            proposals, _ = generator(objectness[i].detach(), deltas[i].detach(), size, scale)
-            generator.settings = settings
+            proposals, _ = model.proposals(objectness[i], deltas[i], size, scale, train_proposals)
         r, c, m = targets.sample_rois(proposals, gt, example.labels, cfg.rois)
         rois.append(r)
         classes.append(c)

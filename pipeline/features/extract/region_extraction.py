@@ -103,11 +103,9 @@ def build_extractor(s: RegionSettings, weights_path: str, weights_md5: str | Non
     if s.arch == BOTTOM_UP:
         loaded = load_detector(weights_path, min_size=s.min_size, max_size=s.max_size,
                                md5=weights_md5)
-        extractor = BottomUpRegions(loaded.detector, min_boxes=s.min_boxes,
-                                    max_boxes=s.max_boxes, conf_thresh=s.conf_thresh,
-                                    nms_thresh=s.nms_thresh, top_attributes=s.top_attributes)
-        extractor.loaded = loaded
-        return extractor
+        return BottomUpRegions(loaded.detector, min_boxes=s.min_boxes, max_boxes=s.max_boxes,
+                               conf_thresh=s.conf_thresh, nms_thresh=s.nms_thresh,
+                               top_attributes=s.top_attributes, loaded=loaded)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RANDOM_SEED)  # random parts are the same in every run (resume)
         detector = build_detector(s.arch, backbone=s.backbone, num_classes=s.num_classes,

@@ -30,7 +30,7 @@ Three architectures (:func:`build_detector`):
     A ResNet classification state_dict loads into trunk and head together.
 
 Two modes (:meth:`RegionFeatureExtractor.forward`): ``boxes=None`` detects regions
-with the bottom-up selection rule (:func:`select_regions`); given boxes (image
+with the bottom-up selection rule (``pipeline.features.detectors.selection``); given boxes (image
 pixels) are pooled as they are.
 
 Example::
@@ -60,7 +60,7 @@ from torchvision.ops import boxes as box_ops
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.state_dicts import first_misfit, listed
-from pipeline.features.detectors.selection import select_regions
+from pipeline.features.detectors.selection import RegionExtractor
 from pipeline.features.extract.backbones import BACKBONES, build_resnet
 
 ARCHS = ("fpn", "c5", "c4")
@@ -235,38 +235,29 @@ def resnet_view(model: FasterRCNN) -> nn.Module:
 
 # --------------------------------------------------------------------------- extraction
 
-class RegionFeatureExtractor(nn.Module):
+class RegionFeatureExtractor(RegionExtractor):
     """Region features, boxes, scores and classes from a torchvision FasterRCNN.
 
-    Always in eval mode (the RPN and roi_heads need it at inference).
     ``feature_dim`` is the box head's output size; ``layer`` describes it for the
     store's metadata. See :meth:`forward` for the two modes.
     """
 
     def __init__(self, detector: FasterRCNN, *, min_boxes: int = 10, max_boxes: int = 100,
                  conf_thresh: float = 0.2, nms_thresh: float = 0.3):
-        super().__init__()
-        if not 0 <= min_boxes <= max_boxes:
-            raise ValueError(f"need 0 <= min_boxes <= max_boxes, got {min_boxes}, {max_boxes}")
-        self.detector = detector.eval()
-        self.min_boxes, self.max_boxes = min_boxes, max_boxes
-        self.conf_thresh, self.nms_thresh = conf_thresh, nms_thresh
+        super().__init__(detector, min_boxes=min_boxes, max_boxes=max_boxes,
+                         conf_thresh=conf_thresh, nms_thresh=nms_thresh)
         predictor = detector.roi_heads.box_predictor
         self.feature_dim: int = predictor.cls_score.in_features
         if predictor.cls_score.out_features < 2:
             raise ValueError("the box predictor needs background + at least one class")
         self.layer: str = describe_layer(detector, self.feature_dim)
 
-    def train(self, mode: bool = True) -> RegionFeatureExtractor:
-        """An extractor never trains: stays in eval mode whatever ``mode`` says."""
-        return super().train(False)
-
     @torch.inference_mode()
     def forward(self, images: list[Tensor], boxes: list[Tensor] | None = None) -> list[dict]:
         """Per image a dict: ``features`` [N, D], ``boxes`` [N, 4], ``scores`` [N], ``classes`` [N].
 
         images: [3, H, W] floats in 0..1, any sizes, one backbone call for all.
-        boxes=None: detect (proposals kept by :func:`select_regions`; features are
+        boxes=None: detect (proposals kept by the selection rule; features are
         pooled on the proposal boxes, as in bottom-up, not on regressed boxes).
         boxes given: [N_i, 4] per image, x1, y1, x2, y2 in original image pixels;
         exactly those are pooled, in order, and returned unchanged.
@@ -293,9 +284,7 @@ class RegionFeatureExtractor(nn.Module):
         results = []
         for i, (feats, scores) in enumerate(zip(box_features, class_scores)):
             if given is None:
-                keep, kept_scores = select_regions(
-                    pooled_boxes[i].float(), scores, nms_thresh=self.nms_thresh,
-                    conf_thresh=self.conf_thresh, min_boxes=self.min_boxes, max_boxes=self.max_boxes)
+                keep, kept_scores = self.select(pooled_boxes[i].float(), scores)
                 out_boxes = to_original(pooled_boxes[i][keep].float(), image_list.image_sizes[i],
                                         original_sizes[i])
                 feats, scores = feats[keep], scores[keep]
