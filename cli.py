@@ -335,9 +335,9 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
 @click.option("--image-size", default=256, show_default=True,
               help="Images resized to this shorter side (and longer at most).")
 @click.option("--width", default=8, show_default=True, help="The ResNet stem's width (VG: 64).")
-@click.option("--epochs", default=6, show_default=True)
+@click.option("--epochs", default=4, show_default=True)
 @click.option("--batch", "batch_size", default=8, show_default=True)
-@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--lr", default=2e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, image_size,
                        width, epochs, batch_size, lr, seed):
@@ -478,7 +478,9 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
                              beam_size=beam_size, max_len=max_len, attention=attention,
                              device=dev)
     for c in captions:
-        drawn = f"  [attention -> {c.attention}]" if c.attention else ""
+        notes = ([f"{c.regions} regions"] if c.regions is not None else []) + \
+            ([f"attention -> {c.attention}"] if c.attention else [])
+        drawn = f"  [{'; '.join(notes)}]" if notes else ""
         click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
 
 

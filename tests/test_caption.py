@@ -94,3 +94,41 @@ def test_caption_of_an_unreadable_image_names_it(setup, capstack, tmp_path):
     bad.write_bytes(b"not a png")
     result = capstack("caption", "--checkpoint", root / "run", bad, expect_ok=False)
     assert result.exit_code == 1 and str(bad) in result.output
+
+
+def test_caption_detects_describes_and_draws_with_a_trained_bottom_up_detector(setup, tmp_path,
+                                                                                capstack):
+    """The demo's path: train-detector, extract-regions --arch bottom-up, top_down, caption."""
+    from pipeline.captions.karpathy import load_karpathy
+    from pipeline.features.detectors.training import DetectorTraining, train_detector
+    from pipeline.features.extract.rebuild import image_extractor
+    from pipeline.features.stores import open_store
+
+    root, dataset, prepared, _, _ = setup
+    detector = tmp_path / "detector.pth"
+    train_detector(dataset, dataset.parent, detector,
+                   DetectorTraining(label_key="shape", attribute_key="color", epochs=1,
+                                    batch_size=4, image_size=64, proposals=20,
+                                    train_proposals=40, rois=8), progress=False)
+    settings = RegionSettings(arch="bottom-up", weights=str(detector), min_boxes=2, max_boxes=4,
+                              min_size=64, max_size=64)
+    result = extract_regions(dataset, dataset.parent, settings, root=tmp_path / "features",
+                             pointer=tmp_path / "regions.json", workers=0, progress=False)
+    exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
+                           features=[tmp_path / "regions.json"], epochs=1)
+    train(load_experiment(exp), tmp_path / "top_down", progress=False)
+
+    store = open_store(result.store)
+    first = load_karpathy(dataset).images[0]
+    image = dataset.parent / first.relpath
+    again = image_extractor(store.meta, str(result.store), torch.device("cpu"))([image])[0]
+    stored = store.get(first.image_id)
+    # the same detector: the same regions (up to float rounding: the store ran a batch)
+    assert torch.allclose(torch.as_tensor(again["boxes"]), torch.as_tensor(stored["boxes"]),
+                          atol=1e-3)
+    assert torch.equal(torch.as_tensor(again["classes"]), torch.as_tensor(stored["classes"]))
+
+    out = capstack("caption", "--checkpoint", tmp_path / "top_down", image, "--attention",
+                   tmp_path / "regions.png").output
+    assert out.startswith(f"{image}: ") and f"{stored.num} regions" in out
+    assert (tmp_path / "regions.png").is_file()

@@ -76,3 +76,16 @@ def test_a_dataset_without_labelled_boxes_is_refused(shapes, tmp_path):
     bare.write_text(json.dumps(data))
     with pytest.raises(CapstackError, match=f"{bare}: no boxes with a 'shape'"):
         train_detector(bare, root, tmp_path / "d.pth", TINY, progress=False)
+
+
+def test_the_command_line_defaults_are_the_training_defaults():
+    import cli
+
+    command = cli.main.commands["train-detector"]
+    defaults = DetectorTraining()
+    names = {"batch": "batch_size"}
+    for option in command.params:
+        if option.name in ("dataset_json", "image_root", "out", "label_key", "attribute_key"):
+            continue
+        field = names.get(option.name, option.name)
+        assert option.default == getattr(defaults, field), option.name

@@ -31,6 +31,7 @@ class Caption:
     words: list[str]
     logprob: float
     attention: Path | None
+    regions: int | None = None  # how many regions the decoder attended over (region stores)
 
 
 def caption_files(checkpoint: str | Path, paths: Sequence[Path],
@@ -56,5 +57,6 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
             image = np.asarray(Image.open(path).convert("RGB"))
             attention_figure(image, p.words, p.alphas, figure, grid=grid,
                              boxes=None if grid else p.boxes, title=" ".join(p.words))
-        out.append(Caption(Path(path), p.words, p.logprob, figure))
+        out.append(Caption(Path(path), p.words, p.logprob, figure,
+                           None if p.boxes is None else len(p.boxes)))
     return out
