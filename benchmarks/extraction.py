@@ -138,6 +138,9 @@ def vg_benchmark(args, device) -> None:
         for name, seconds in phases.items():
             print(f"  {name:10s} {seconds / args.images * 1000:9.1f} ms/image  "
                   f"{seconds / forward:6.1%}")
+        warm = write_images(tmp / "warm-up", 1)  # the loop warm, as the phases were measured
+        extract_regions(warm, tmp / "warm-up", settings, root=tmp / "warm-up" / "features",
+                        batch_size=1, workers=0, device=args.device, progress=False)
         started = time.perf_counter()
         result = extract_regions(dataset, tmp, settings, root=tmp / "features",
                                  batch_size=args.batch, workers=args.workers,

@@ -258,7 +258,8 @@ def test_a_removed_key_is_named_as_the_file_spells_it(model, tmp_path, naming, k
 
 
 @pytest.mark.parametrize("key", ["proposal_generator.rpn_head.objectness_logits.weight",
-                                 "roi_heads.box_predictor.cls_score.weight"])
+                                 "roi_heads.box_predictor.cls_score.weight",
+                                 "roi_heads.box_predictor.attr_linear2.weight"])
 def test_a_removed_key_the_config_needs_is_named_as_the_file_spells_it(model, tmp_path, key):
     state = checkpoints.in_naming(model, "bua-caffe")
     del state[key]
@@ -266,7 +267,8 @@ def test_a_removed_key_the_config_needs_is_named_as_the_file_spells_it(model, tm
 
 
 @pytest.mark.parametrize("key", ["roi_heads.box_predictor.extra.weight",
-                                 "backbone.res2.0.conv1.extra", "some.other.thing"])
+                                 "backbone.res2.0.conv1.extra", "some.other.thing",
+                                 "backbone.res3.7.conv1.weight"])
 def test_an_extra_key_is_named(model, tmp_path, key):
     state = checkpoints.in_naming(model, "bua-caffe")
     state[key] = torch.zeros(3)

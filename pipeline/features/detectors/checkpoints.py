@@ -274,11 +274,15 @@ def convert(path: Path, raw: dict[str, Tensor], naming: Naming) -> tuple[dict, l
 def vg_config(path: Path, naming: Naming, state: dict[str, Tensor]) -> DetectorConfig:
     """The VG model's settings, with the sizes the weights have."""
     def blocks(prefix: str) -> int:
+        """Blocks 0, 1, ... present: keys of a block past a gap are then unexpected keys."""
         found = {int(m.group(1)) for k in state if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
-        return len(found)
+        return next(n for n in range(len(found) + 1) if n not in found)
 
     needed = ["backbone.stem.conv1.weight", "rpn.conv.weight", "rpn.objectness.weight",
               "predictor.cls_score.weight"]
+    if any(k.startswith("attributes.") for k in state):  # an attribute head: all of it
+        needed += ["attributes.class_embedding.weight", "attributes.fc.weight",
+                   "attributes.attr_score.weight"]
     absent = [k for k in needed if k not in state]
     if absent:
         raise refusal(path, naming, "missing keys", [_theirs(naming)(k) for k in absent])
