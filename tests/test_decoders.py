@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -14,7 +15,7 @@ from pipeline.core.errors import CapstackError
 from trainer.data import caption_tensor
 from trainer.decode import beam_search, greedy, sample
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Decoder
+from trainer.decoders.base import Decoder, DecoderOutput
 from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_xe, teacher_forced,
                               tiny_decoder_config)
 
@@ -128,12 +129,11 @@ class TableDecoder(Decoder):
 
 
 def enumerate_best(model: TableDecoder, image: int, max_len: int) -> tuple[list[int], float]:
-    """The best caption by brute force: m <= max_len words then <eos>, or max_len + 1 words."""
+    """The best caption by brute force: m <= max_len words, then <eos>."""
     words = [w for w in range(model.vocab_size) if w != EOS_ID]
     logp = torch.log_softmax(model.table[image], -1)
     candidates = [list(seq) + [EOS_ID] for m in range(max_len + 1)
                   for seq in itertools.product(words, repeat=m)]
-    candidates += [list(seq) for seq in itertools.product(words, repeat=max_len + 1)]
 
     def score(seq):
         return sum(float(logp[prev, w]) for prev, w in zip([BOS_ID] + seq[:-1], seq))
@@ -156,6 +156,31 @@ def test_beam_search_finds_the_best_sequence_of_an_enumerable_model(seed):
         assert result.scores[image].item() == pytest.approx(score, abs=1e-4)
     small = beam_search(model, ctx, beam_size=2, max_len=max_len)  # never better than exact
     assert (small.scores <= result.scores + 1e-5).all()
+
+
+class NeverEnds(TableDecoder):
+    """A model that gives <eos> the least probability at every step."""
+
+    def step(self, words, state, ctx):
+        logits, state, alpha = super().step(words, state, ctx)
+        return logits.index_fill(1, torch.tensor([EOS_ID]), -30.0), state, alpha
+
+
+@pytest.mark.parametrize("decode", ["greedy", "sample", "beam"])
+def test_no_decode_path_writes_more_than_max_len_words(decode):
+    model = NeverEnds(vocab_size=6, seed=0)
+    ctx = model.encode(torch.tensor([[[0.0]], [[1.0]]]), torch.ones(2, 1, dtype=torch.bool))
+    max_len = 4
+    out = {"greedy": lambda: greedy(model, ctx, max_len),
+           "sample": lambda: sample(model, ctx, max_len, n=3),
+           "beam": lambda: beam_search(model, ctx, 3, max_len)}[decode]()
+    assert out.tokens.shape[1] == max_len + 1
+    assert (out.tokens[:, max_len] == EOS_ID).all()  # cut: max_len words, then <eos>
+    assert (out.tokens[:, :max_len] != EOS_ID).all()
+    images = torch.arange(2).repeat_interleave(out.tokens.shape[0] // 2)
+    logits, _, _ = model.step(out.tokens[:, max_len - 1], (images,), ctx)
+    logp_eos = torch.log_softmax(logits, 1)[:, EOS_ID]
+    assert torch.allclose(out.logprobs[:, max_len], logp_eos)  # the model's own P(<eos>)
 
 
 def test_sampling_is_seeded_and_temperature_sharpens(handful):
@@ -181,13 +206,18 @@ def test_sampled_logprobs_carry_gradients(handful):
     assert model.word_embed.weight.grad is not None
 
 
+def hard_attention(vocab_size: int, **settings):
+    return make_decoder("hard_attention", {**tiny_decoder_config("hard_attention"), **settings},
+                        vocab_size, 16)
+
+
 def test_hard_attention_baseline_follows_the_moving_average(handful):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    model = make_decoder("hard_attention", tiny_decoder_config("hard_attention"), vocab_size, 16)
+    model = hard_attention(vocab_size, expectation=0.0)  # every caption sampled
     targets = captions[:, 1:]
     out = teacher_forced(model, feats, mask, captions)
-    assert set(out.extras) == {"location_logp", "entropy"}
+    assert set(out.extras) == {"location_logp", "entropy", "sampled"} and out.extras["sampled"].all()
     token_logp = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), targets,
                                                     reduction="none")
     logp = (token_logp * (targets != 0)).sum(1).mean().item()
@@ -195,12 +225,49 @@ def test_hard_attention_baseline_follows_the_moving_average(handful):
     model.loss_terms(out, targets, targets != 0, mask)
     assert float(model.baseline) == 0  # computing the loss (twice) moves nothing
     assert terms.observed["sentence_logp"].item() == pytest.approx(logp * len(targets), rel=1e-4)
-    model.update({"sentence_logp": terms.observed["sentence_logp"] / len(targets)})
+    means = {k: v / len(targets) for k, v in terms.observed.items()}  # as the objective hands them
+    model.update(means)
     assert float(model.baseline) == pytest.approx(0.1 * logp, rel=1e-4)  # b_1 = 0.9*0 + 0.1 log p
-    model.update({"sentence_logp": terms.observed["sentence_logp"] / len(targets)})
+    model.update(means)
     assert float(model.baseline) == pytest.approx(0.19 * logp, rel=1e-4)  # b_2 = 0.9 b_1 + 0.1 log p
     model.eval()
     assert teacher_forced(model, feats, mask, captions).extras == {}  # the expected context at test time
+
+
+def contexts_fed(model, feats, mask, captions) -> tuple[Tensor, DecoderOutput]:
+    """Every z_t the LSTM was given in a teacher-forced pass [N, T, D], and the output."""
+    fed, advance = [], model.advance
+    model.advance = lambda words, state, z: (fed.append(z.detach()), advance(words, state, z))[1]
+    out = teacher_forced(model, feats, mask, captions)
+    return torch.stack(fed, 1), out
+
+
+def test_hard_attention_feeds_the_sampled_annotation_itself(handful):
+    """z_t = sum_i s_ti a_i: one of the image's annotation vectors, no gate beta."""
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(1)
+    model = hard_attention(vocab_size, expectation=0.0)
+    assert model.gate is None
+    fed, _ = contexts_fed(model, feats, mask, captions)
+    annotations = feats.repeat_interleave(len(captions) // len(feats), 0)  # [N, L, D]
+    distance = (fed[:, :, None, :] - annotations[:, None, :, :]).abs().amax(-1)  # [N, T, L]
+    assert (distance.amin(-1) == 0).all()
+
+
+def test_hard_attention_expectation_trains_on_the_expected_context_without_reinforce(handful):
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(2)
+    model = hard_attention(vocab_size, expectation=1.0, entropy=0.5)
+    fed, out = contexts_fed(model, feats, mask, captions)
+    annotations = feats.repeat_interleave(len(captions) // len(feats), 0)
+    expected = (out.alphas[..., None] * annotations[:, None]).sum(2)  # sum_i alpha_ti a_i
+    assert torch.allclose(fed, expected.detach(), atol=1e-6) and not out.extras["sampled"].any()
+    targets = captions[:, 1:]
+    terms = model.loss_terms(out, targets, targets != 0, mask)
+    entropy = (out.extras["entropy"] * (targets != 0)).sum()
+    assert terms.summed.item() == pytest.approx(-0.5 * entropy.item(), rel=1e-5)  # no REINFORCE
+    model.update({k: v / len(targets) for k, v in terms.observed.items()})
+    assert float(model.baseline) == 0  # nothing sampled: the baseline stays
 
 
 def test_doubly_stochastic_penalty_matches_the_formula(handful):
@@ -213,7 +280,7 @@ def test_doubly_stochastic_penalty_matches_the_formula(handful):
     expected = np.mean([0.5 * sum((1 - alphas[n, steps[n], i].sum()) ** 2
                                   for i in range(4) if mask[n, i])
                         for n in range(len(captions))])
-    got = model.loss_terms(out, targets, targets != 0, mask).per_caption.item() / len(captions)
+    got = model.loss_terms(out, targets, targets != 0, mask).summed.item() / len(captions)
     assert got == pytest.approx(expected, rel=1e-4)
 
 

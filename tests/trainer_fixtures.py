@@ -135,6 +135,5 @@ def mean_xe(logits, targets):
 
 
 def decoder_terms(model, out, targets, loc_mask):
-    """The decoder's own loss terms divided by these captions' own counts (one process)."""
-    terms = model.loss_terms(out, targets, targets != 0, loc_mask)
-    return terms.per_token / (targets != 0).sum() + terms.per_caption / len(targets)
+    """The decoder's own loss terms per target token of these captions (one process)."""
+    return model.loss_terms(out, targets, targets != 0, loc_mask).summed / (targets != 0).sum()

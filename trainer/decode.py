@@ -89,7 +89,7 @@ def _step_by_step(decoder: Decoder, ctx: Context, max_len: int, pick) -> Decoded
     tokens, logprobs, alphas = [], [], []
     for t in range(max_len + 1):  # max_len words, then room for <eos>
         logits, state, alpha = decoder.step(words, state, ctx)
-        logp = torch.log_softmax(logits.float(), 1)  # [N, V]
+        logp = _ending_at(t, max_len, torch.log_softmax(logits.float(), 1))  # [N, V]
         words = pick(logp, t).masked_fill(done, PAD_ID)
         tokens.append(words)
         logprobs.append(logp.gather(1, words[:, None]).squeeze(1).masked_fill(done, 0.0))
@@ -126,7 +126,7 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
     settled: list[tuple | None] = [None] * b
     for t in range(max_len + 1):
         logits, state, alpha = decoder.step(words, state, ctx)
-        logp = torch.log_softmax(logits.float(), 1)  # [n*K, V]
+        logp = _ending_at(t, max_len, torch.log_softmax(logits.float(), 1))  # [n*K, V]
         n, v = len(images), logp.shape[1]
         logp = torch.where(done[:, None], _finished_row(v, device), logp)
         scores, flat = (scores.reshape(-1, 1) + logp).reshape(n, k * v).topk(k, dim=1)  # [n, K]
@@ -150,6 +150,23 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
             state, ctx = select(state, keep), select(ctx, keep)
             history.keep(keep)
     return _stack(settled)
+
+
+def _ending_at(t: int, max_len: int, logp: Tensor) -> Tensor:
+    """After ``max_len`` words only ``<eos>`` may follow, scored by the model's log P(<eos>).
+
+    Training captions are cut at ``max_len`` words and end with ``<eos>``: a
+    caption decoded longer would be scored (by rewards and by the evaluation) at
+    a length the model never learnt. Every other word is impossible at that
+    step; ``<eos>`` keeps its own probability (not renormalised to 1), so a beam
+    that is cut there competes with the ones that ended by themselves on the
+    probability the model gives the whole caption, ``<eos>`` included.
+    """
+    if t < max_len:
+        return logp
+    only_eos = torch.zeros_like(logp, dtype=torch.bool)
+    only_eos[:, EOS_ID] = True
+    return logp.masked_fill(~only_eos, float("-inf"))
 
 
 def _finished_row(v: int, device) -> Tensor:

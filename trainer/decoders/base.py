@@ -37,16 +37,19 @@ class DecoderOutput:
 
 @dataclass
 class LossTerms:
-    """A decoder's training terms beyond the caption cross-entropy, as sums.
+    """A decoder's training terms beyond the caption cross-entropy, summed over the captions.
 
-    ``per_token`` is divided by the target tokens of the global batch,
-    ``per_caption`` by its captions (the objective does it, trainer/batch.py).
-    ``observed``: per-caption sums of what the decoder's state follows (hard
-    attention's baseline), handed back as global means to :meth:`Decoder.update`.
+    ``summed`` is in the units of a caption's -log P(y|x), as the papers write
+    their losses (e.g. Show-Attend-Tell: -log P(y|x) + lambda sum_i (1 - sum_t
+    alpha_ti)^2, per caption). The objective adds it to the summed
+    cross-entropy and divides both by the target tokens of the global batch
+    (trainer/batch.py), so each lambda weighs its term against -log P(y|x) as
+    the paper's does, whatever the captions' length. ``observed``: per-caption
+    sums of what the decoder's state follows (hard attention's baseline), handed
+    back as global means to :meth:`Decoder.update`.
     """
 
-    per_token: Tensor
-    per_caption: Tensor
+    summed: Tensor
     observed: dict[str, Tensor] = field(default_factory=dict)
 
 
@@ -103,12 +106,11 @@ class Decoder(nn.Module):
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:
-        """This decoder's own terms (none unless overridden), as sums over these captions.
+        """This decoder's own terms (none unless overridden), summed over these captions.
 
         targets [N, T] word ids, target_mask [N, T] bool, loc_mask [N, L] bool.
         """
-        zero = output.logits.new_zeros(())
-        return LossTerms(zero, zero)
+        return LossTerms(output.logits.new_zeros(()))
 
     def update(self, observed: dict[str, Tensor]) -> None:
         """Move the state that follows training, given the global batch's means of

@@ -1,15 +1,23 @@
 """Show, Attend and Tell, stochastic "hard" attention.
 
-In training, one location is sampled per step, s_t ~ Multinoulli(alpha_t), and
-z_t = beta_t * a_{s_t}. The gradient is the paper's estimator:
+In training, one location is sampled per step, s_t ~ Multinoulli(alpha_t),
+and the context is the sampled annotation itself, z_t = sum_i s_ti a_i = a_{s_t}
+(the paper's hard rule: the gating scalar beta is soft attention's, section
+4.2.1; ``gate: true`` adds it, as arctic-captions' ``selector`` option can).
+The gradient is the paper's estimator (eq 12):
 
     d log p(y|s)/dW + lambda_r (log p(y|s) - b) d log p(s)/dW + lambda_e dH[s]/dW
 
 with the moving-average baseline b_k = 0.9 b_{k-1} + 0.1 log p(y|s_k) (a buffer,
-so it is checkpointed). The baseline moves only in :meth:`HardAttention.update`,
-which the objective calls once per optimiser step with the global batch's mean
-log p(y|s): computing the loss twice does not move it. At test time the
-expected context is used, as the paper does (the soft decoder's step).
+so it is checkpointed). Xu et al.'s further variance reduction: "with
+probability 0.5 for a given image, we set the sampled attention location s~ to
+its expected value alpha" (``expectation``, 0 to switch off): such a caption
+is trained on the expected context, like soft attention, and has no REINFORCE
+term. The baseline moves only in :meth:`HardAttention.update`, which the
+objective calls once per optimiser step with the mean log p(y|s) of the global
+batch's sampled captions: computing the loss twice does not move it. At test
+time the context is the expected one, sum_i alpha_ti a_i (the soft decoder's
+step), as arctic-captions decodes its stochastic model.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from trainer.decoders.soft_attention import SoftAttention, SoftAttentionConfig
 @dataclass
 class HardAttentionConfig(SoftAttentionConfig):
     doubly_stochastic: float = 0.0
+    gate: bool = False  # the hard rule has no beta
     reinforce: float = 1.0  # lambda_r
     entropy: float = 0.01  # lambda_e
     baseline_decay: float = 0.9
+    expectation: float = 0.5  # per caption, the chance of training on the expected context
 
 
 @DECODERS.register("hard_attention")
@@ -47,13 +57,16 @@ class HardAttention(SoftAttention):
         if not self.training:
             return super().forward(ctx, captions, feed)
         state = self.init_state(ctx)
+        n = captions.shape[0]
+        expected = torch.rand(n, device=captions.device) < self.config.expectation  # [N]
         logits, alphas, location_logp, entropy = [], [], [], []
         for t in range(captions.shape[1] - 1):
             words = captions[:, t] if t == 0 or feed is None else feed(captions[:, t], logits[-1])
-            _, alpha, beta = self.attend(state[0], ctx)
+            context, alpha, beta = self.attend(state[0], ctx)
             location = torch.multinomial(alpha.detach().float(), 1)  # [N, 1]
-            z = beta * ctx["feats"].gather(
+            sampled = ctx["feats"].gather(
                 1, location[:, :, None].expand(-1, 1, ctx["feats"].shape[2])).squeeze(1)
+            z = beta * torch.where(expected[:, None], context, sampled)
             step_logits, state = self.advance(words, state, z)
             log_alpha = torch.log(alpha.clamp(min=1e-12))
             logits.append(step_logits)
@@ -62,31 +75,36 @@ class HardAttention(SoftAttention):
             entropy.append(-(alpha * log_alpha).sum(1))  # H[s_t]
         return DecoderOutput(torch.stack(logits, 1), torch.stack(alphas, 1),
                              {"location_logp": torch.stack(location_logp, 1),
-                              "entropy": torch.stack(entropy, 1)})
+                              "entropy": torch.stack(entropy, 1), "sampled": ~expected})
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:
-        """-(lambda_r (log p(y|s) - b) log p(s) + lambda_e H[s]) per caption, with the baseline
-        as it stands; ``observed["sentence_logp"]`` is what :meth:`update` moves it towards."""
+        """-(lambda_r (log p(y|s) - b) log p(s) + lambda_e H[s]) per caption (the REINFORCE term
+        for sampled captions only), with the baseline as it stands; ``observed`` holds what
+        :meth:`update` moves it towards."""
         terms = super().loss_terms(output, targets, target_mask, loc_mask)
         if "location_logp" not in output.extras:  # evaluation: the expected context
             return terms
         c = self.config
         mask = target_mask.float()
+        sampled = output.extras["sampled"].float()  # [N]
         token_logp = -F.cross_entropy(output.logits.transpose(1, 2).float(), targets,
                                       reduction="none")  # [N, T]
         sentence_logp = (token_logp * mask).sum(1).detach()  # log p(y | s), [N]
-        advantage = sentence_logp - self.baseline
+        advantage = (sentence_logp - self.baseline) * sampled
         locations = (output.extras["location_logp"] * mask).sum(1)  # log p(s), [N]
         entropy = (output.extras["entropy"] * mask).sum(1)
-        terms.per_caption = terms.per_caption - (c.reinforce * advantage * locations
-                                                 + c.entropy * entropy).sum()
-        terms.observed["sentence_logp"] = sentence_logp.sum()
+        terms.summed = terms.summed - (c.reinforce * advantage * locations
+                                       + c.entropy * entropy).sum()
+        terms.observed["sentence_logp"] = (sentence_logp * sampled).sum()
+        terms.observed["sampled"] = sampled.sum()
         return terms
 
     @torch.no_grad()
     def update(self, observed: dict[str, Tensor]) -> None:
-        """b_k = decay * b_{k-1} + (1 - decay) * mean log p(y | s) of the step's captions."""
-        if "sentence_logp" in observed:
+        """b_k = decay * b_{k-1} + (1 - decay) * mean log p(y | s) of the step's sampled captions
+        (``observed`` holds global means per caption: their ratio is the sampled ones' mean)."""
+        if observed.get("sampled", 0) > 0:
             decay = self.config.baseline_decay
-            self.baseline.mul_(decay).add_((1 - decay) * observed["sentence_logp"])
+            mean = observed["sentence_logp"] / observed["sampled"]
+            self.baseline.mul_(decay).add_((1 - decay) * mean)

@@ -31,7 +31,7 @@ class SoftAttentionConfig:
     hidden: int = 512
     att_hidden: int = 512
     dropout: float = 0.5
-    doubly_stochastic: float = 1.0  # lambda
+    doubly_stochastic: float = 1.0  # lambda, against a caption's -log P(y|x) (the paper's)
     gate: bool = True  # the gating scalar beta
 
 
@@ -87,5 +87,5 @@ class SoftAttention(Decoder):
         if self.config.doubly_stochastic:
             attended = (output.alphas * target_mask[:, :, None]).sum(1)  # [N, L]
             penalty = ((1 - attended) ** 2 * loc_mask).sum(1)  # [N]
-            terms.per_caption = self.config.doubly_stochastic * penalty.sum()
+            terms.summed = terms.summed + self.config.doubly_stochastic * penalty.sum()
         return terms

@@ -147,5 +147,5 @@ class StackCap(StagedDecoder):
         losses = [F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0,
                                   reduction="sum")
                   for i, logits in enumerate(output.extras["stage_logits"]) if i != self.head]
-        terms.per_token = torch.stack(losses).sum()
+        terms.summed = terms.summed + torch.stack(losses).sum()
         return terms

@@ -1,9 +1,9 @@
 """Cross-entropy (teacher forcing), with optional scheduled sampling, plus the decoder's own terms.
 
-    L = sum_t -log p(y_t | y_<t, V) / tokens  +  decoder terms per token / tokens
-                                              +  decoder terms per caption / captions
+    L = (sum over captions of [ sum_t -log p(y_t | y_<t, V)  +  the decoder's terms ]) / tokens
 
-with the counts of the global batch (trainer/batch.py). Scheduled
+with the target tokens of the global batch (trainer/batch.py): each term
+weighs against a caption's -log P(y|x) as in the paper's per-caption loss. Scheduled
 sampling (Bengio et al.; the reference implementations' ``ss_prob``) feeds,
 with a probability rising by epoch, the model's own sample of the previous
 step instead of the caption's word.
@@ -82,7 +82,7 @@ class CrossEntropy(Objective):
         terms = decoder.loss_terms(output, targets, targets != 0,
                                    batch.mask.repeat_interleave(batch.seq_per_img, 0))
         self._observed = {k: v.detach() for k, v in terms.observed.items()}
-        loss = xe + terms.per_token / share.tokens + terms.per_caption / share.captions
+        loss = xe + terms.summed / share.tokens
         return loss, {"xe": xe.item() * share.weight}
 
     def after_step(self, decoder: Decoder, batch, key: StepKey) -> dict:
