@@ -156,14 +156,19 @@ def _report_job(result) -> None:
               help="torchvision state_dict file, or 'random' [torchvision's cache location].")
 @click.option("--image-size", default=448, show_default=True)
 @click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.")
+@click.option("--layer", type=click.Choice(["layer3", "layer4"]), default="layer4",
+              show_default=True,
+              help="The ResNet stage whose map is pooled: layer4 (stride 32; Stack-Cap's 14x14x2048 "
+                   "at 448) or layer3 (stride 16; 14x14x1024 at 224, Show-Attend-Tell's grid "
+                   "and HACap's input).")
 @_store_options
-def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, grid, out,
+def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, grid, layer, out,
                      features_root, fmt, pointer, dtype, batch_size, workers, device, nproc):
-    """ResNet grid features (last conv block pooled to GRID x GRID) into a feature store."""
+    """ResNet grid features (a stage's map, layer4 or layer3, pooled to GRID x GRID) into a store."""
     hand_over_to_torchrun(nproc)
     from pipeline.features.extract.grid import GridSettings, extract_grid
 
-    settings = GridSettings(backbone, weights, image_size, grid, dtype)
+    settings = GridSettings(backbone, weights, image_size, grid, dtype, layer)
     _report_job(extract_grid(dataset_json, image_root, settings, out=out, root=features_root,
                              format=fmt, pointer=pointer, batch_size=batch_size,
                              workers=workers, device=device))

@@ -51,6 +51,33 @@ def test_grid_records_have_the_expected_shapes(shapes, tmp_path):
     assert json.loads((tmp_path / "grid.json").read_text())["store"] == str(result.store)
 
 
+def test_layer3_pools_the_stride_16_map(shapes, tmp_path):
+    """Show-Attend-Tell's grid from a ResNet: layer3, 4x4 at 64 px here (14x14 at 224)."""
+    import torch
+
+    from pipeline.features.extract.backbones import load_resnet, resnet_body, resolve_weights
+    from pipeline.features.extract.images import grid_transform, load_rgb
+
+    settings = GridSettings("resnet18", "random", 64, grid=2, dtype="float32", layer="layer3")
+    store = open_store(extract(shapes, tmp_path, settings).store)
+    producer = store.meta["producer"]
+    assert (producer["settings"]["layer"], producer["settings"]["layer_map"]) == ("layer3", 4)
+    assert store.meta["fields"]["features"]["shape"] == ["N", 256]  # resnet18's layer3
+    assert "layer3 (4x4 at 64 px)" in producer["about"]["layer"]
+    model = load_resnet("resnet18", resolve_weights("resnet18", "random")).eval()
+    image = grid_transform(64)(load_rgb(shapes[0] / "images" / "shapes_000000.png"))
+    with torch.no_grad():
+        fmap = resnet_body(model, "layer3")(image[None])
+    assert fmap.shape[-2:] == (4, 4)
+    expected = torch.nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(2).transpose(1, 2)[0]
+    assert np.allclose(store.get(0).features, expected.numpy(), atol=1e-4)
+
+
+def test_an_unknown_layer_is_refused(shapes, tmp_path):
+    with pytest.raises(CapstackError, match="unknown grid layer 'layer2'"):
+        extract(shapes, tmp_path, GridSettings("resnet18", "random", 64, 2, layer="layer2"))
+
+
 def test_same_settings_reuse_the_store_other_settings_do_not(shapes, tmp_path):
     root = tmp_path / "features"
     first = extract(shapes, root, pointer=tmp_path / "a.json")
@@ -71,7 +98,8 @@ def test_fingerprint_follows_every_setting_and_the_images(shapes, tmp_path, monk
     monkeypatch.setattr(job_module, "_extract", plan_only)
     variants = [SETTINGS, GridSettings("resnet18", "random", 96, 2),
                 GridSettings("resnet18", "random", 64, 3), GridSettings("resnet34", "random", 64, 2),
-                GridSettings("resnet18", "random", 64, 2, dtype="float32")]
+                GridSettings("resnet18", "random", 64, 2, dtype="float32"),
+                GridSettings("resnet18", "random", 64, 2, layer="layer3")]
     fingerprints = [extract(shapes, tmp_path, s).fingerprint for s in variants]
     assert len(set(fingerprints)) == len(variants)
     assert extract(shapes, tmp_path, SETTINGS).fingerprint == fingerprints[0]

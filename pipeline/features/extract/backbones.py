@@ -110,11 +110,34 @@ def load_resnet(name: str, weights: Weights) -> ResNet:
     return model
 
 
-def resnet_body(model: ResNet) -> nn.Sequential:
-    """conv1 ... layer4: the convolutional trunk, without pooling and classifier."""
+GRID_LAYERS = {"layer3": 16, "layer4": 32}  # a grid layer -> its stride in input pixels
+
+
+def checked_layer(layer: str) -> str:
+    if layer not in GRID_LAYERS:
+        raise CapstackError(f"unknown grid layer {layer!r} (choose {', '.join(GRID_LAYERS)})")
+    return layer
+
+
+def resnet_body(model: ResNet, layer: str = "layer4") -> nn.Sequential:
+    """conv1 ... ``layer``: the convolutional trunk up to that stage, without pooling and
+    classifier (layer3: stride 16, ResNet-101's 1024-d C4; layer4: stride 32, 2048-d)."""
+    checked_layer(layer)
+    stages = [model.layer1, model.layer2, model.layer3, model.layer4]
     return nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool,
-                         model.layer1, model.layer2, model.layer3, model.layer4)
+                         *stages[:int(layer[-1])])
 
 
-def feature_channels(model: ResNet) -> int:
-    return model.fc.in_features
+def feature_channels(model: ResNet, layer: str = "layer4") -> int:
+    """The channels ``layer`` puts out (its last block's last convolution)."""
+    block = getattr(model, checked_layer(layer))[-1]
+    last = block.conv3 if hasattr(block, "conv3") else block.conv2  # Bottleneck or BasicBlock
+    return last.out_channels
+
+
+def layer_map_size(image_size: int, layer: str) -> int:
+    """Cells per side of ``layer``'s map for a square image: each stride-2 step rounds up."""
+    size = image_size
+    for _ in range(GRID_LAYERS[checked_layer(layer)].bit_length() - 1):
+        size = -(-size // 2)
+    return size

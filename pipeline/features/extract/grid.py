@@ -1,7 +1,11 @@
-"""ResNet grid features: the last conv block, adaptively average-pooled to grid x grid.
+"""ResNet grid features: a conv stage's map, adaptively average-pooled to grid x grid.
 
-Show-Attend-Tell and Stack-Cap attend over these cells: ResNet-101 at 448 x 448
-gives a 14 x 14 x 2048 map, flattened to 196 annotation vectors per image.
+Show-Attend-Tell and Stack-Cap attend over these cells. Stack-Cap: ResNet-101's
+layer4 at 448 x 448, a 14 x 14 x 2048 map, 196 annotation vectors per image.
+Show-Attend-Tell's 14 x 14 x 512 VGG conv5 grid at 224 has its nearest ResNet
+counterpart in layer3 (stride 16: 14 x 14 x 1024 at 224), HACap's input too.
+The layer, its map size at the image size and the pooled grid are part of the
+store's settings (so of its fingerprint).
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ import torch
 from torch import nn
 
 from pipeline.core.ranks import pick_device
-from pipeline.features.extract.backbones import (build_resnet, feature_channels, load_resnet,
-                                                 resnet_body, resolve_weights)
+from pipeline.features.extract.backbones import (build_resnet, feature_channels, layer_map_size,
+                                                 load_resnet, resnet_body, resolve_weights)
 from pipeline.features.extract.images import grid_transform, stack_images
 from pipeline.features.extract.job import ExtractionJob, JobResult, run_job
 from pipeline.features.extract.runner import autocast
@@ -41,6 +45,7 @@ class GridSettings:
     image_size: int = 448
     grid: int = 14
     dtype: str = "float16"
+    layer: str = "layer4"  # or layer3 (stride 16)
 
 
 def batch_model(extractor: GridExtractor, device: torch.device):
@@ -66,11 +71,12 @@ def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *
                  device: str | None = None, progress: bool = True) -> JobResult:
     weights = resolve_weights(settings.backbone, settings.weights)
     dev = pick_device(device)
-    channels = feature_channels(build_resnet(settings.backbone))
+    channels = feature_channels(build_resnet(settings.backbone), settings.layer)
+    map_size = layer_map_size(settings.image_size, settings.layer)
 
     def make_model():
         model = load_resnet(settings.backbone, weights)
-        extractor = GridExtractor(resnet_body(model), settings.grid).eval().to(dev)
+        extractor = GridExtractor(resnet_body(model, settings.layer), settings.grid).eval().to(dev)
         if dev.type == "cuda":
             extractor = extractor.to(memory_format=torch.channels_last)
         return batch_model(extractor, dev)
@@ -81,9 +87,11 @@ def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *
         schema=Schema((field("features", (channels,), settings.dtype),), grid=settings.grid),
         settings={"extractor": "extract-grid", "features_version": FEATURES_VERSION,
                   "weights_md5": weights.md5, "image_size": settings.image_size,
-                  "grid": settings.grid, "feature_dim": channels},
+                  "layer": settings.layer, "layer_map": map_size, "grid": settings.grid,
+                  "feature_dim": channels},
         describe={"weights": weights.path,
-                  "layer": f"layer4, adaptive average pool to {settings.grid}x{settings.grid}"},
+                  "layer": f"{settings.layer} ({map_size}x{map_size} at {settings.image_size} "
+                           f"px), adaptive average pool to {settings.grid}x{settings.grid}"},
     )
     return run_job(job, make_model, grid_transform(settings.image_size), batch_size=batch_size,
                    workers=workers, pointer=pointer, progress=progress,

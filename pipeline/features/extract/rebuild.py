@@ -71,7 +71,8 @@ def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
 def _grid(producer: dict, weights: str, where: str, device: torch.device):
     s = producer["settings"]
     model = load_resnet(s["backbone"], Weights(weights, s["weights_md5"]))
-    extractor = grid_module.GridExtractor(resnet_body(model), int(s["grid"]))
+    extractor = grid_module.GridExtractor(resnet_body(model, s.get("layer", "layer4")),
+                                          int(s["grid"]))
     return (grid_module.batch_model(extractor.eval().to(device), device),
             grid_transform(int(s["image_size"])))
 
