@@ -13,6 +13,13 @@ Per step t, with y_{t-1} the previous word's embedding and f(V) the mean feature
 
 Cross-entropy is the sum of every stage's loss (eq 10): the head stage's
 through the objective's cross-entropy, the others through :meth:`StackCap.loss_terms`.
+
+Where the gradients go: eq 2 feeds the last fine stage's previous hidden
+state h^{Nf}_{t-1} back into the coarse LSTM, so stage i's loss at step t
+reaches, through steps < t, the parameters of every stage, not only
+theta_{0:i} as eqs 9-14 write it (the coarse-to-fine reward's eq 14 too).
+This follows eq 2, which defines the model; eqs 9-14 describe which losses are
+summed, and no stop-gradient appears anywhere in the paper.
 Decoding follows the stage in ``head`` (the last by default): each stage's own
 caption comes from decoding with that stage as the head. ``stack_cap_star``
 (its own file) is the same without the stacking: each stage attends with
