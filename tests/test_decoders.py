@@ -384,3 +384,18 @@ def test_show_tell_trains_on_a_batch_of_one_image():
     loss = mean_xe(teacher_forced(model, feats, mask, captions).logits, captions[:, 1:])
     loss.backward()
     assert torch.isfinite(loss) and model.image_embed[0].weight.grad is not None
+
+
+def test_stack_caps_coarse_loss_reaches_the_fine_stages_through_eq_2(handful):
+    """h^{Nf}_{t-1} feeds the coarse LSTM (eq 2): stage 0's loss has gradients in the fine stages'
+    LSTMs (not only in theta_0, as eqs 9-14 would read), but none in their output layers."""
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(0)
+    model = make_decoder("stack_cap", {**tiny_decoder_config("stack_cap"), "fine_stages": 2},
+                         vocab_size, 16)
+    out = teacher_forced(model, feats, mask, captions)
+    coarse = out.extras["stage_logits"][0]
+    mean_xe(coarse, captions[:, 1:]).backward()
+    assert model.fine[-1].weight_ih.grad.abs().sum() > 0
+    untouched = model.outputs[-1].weight.grad
+    assert untouched is None or untouched.abs().sum() == 0
