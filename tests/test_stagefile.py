@@ -174,7 +174,9 @@ def test_shipped_stages_files_and_experiments_are_valid():
             if stage.command == "train":
                 load_experiment(root / stage.argv[1], [a for a in stage.argv[2:]
                                                        if "=" in a and not a.startswith("-")])
-    assert "tables" in load_stages_file(root / "configs" / "coco.yaml", main.commands).stages
+    coco = load_stages_file(root / "configs" / "coco.yaml", main.commands).stages
+    assert {"tables_stack_cap", "tables_show_attend_tell", "tables_bottom_up",
+            "tables_gru_baseline"} <= set(coco)
 
 
 def test_a_stage_nproc_reaches_its_command_as_capstack_nproc(tmp_path, monkeypatch):
@@ -267,12 +269,12 @@ def test_setting_region_source_in_coco_yaml_imports_instead_of_extracting(tmp_pa
 
     coco = Path(__file__).resolve().parent.parent / "configs" / "coco.yaml"
     stages = load_stages_file(coco, main.commands)
-    assert set(stages.upstream["train@top_down"]) == {"extract_regions", "prepare"}
+    assert set(stages.upstream["train@bottom_up/top_down"]) == {"extract_regions", "prepare"}
     data = yaml.safe_load(coco.read_text())
     data["params"]["region_source"] = "/data/bottom-up/trainval"
     (tmp_path / "coco.yaml").write_text(yaml.safe_dump(data))
     stages = load_stages_file(tmp_path / "coco.yaml", main.commands)
     assert "extract_regions" in stages.off
-    assert set(stages.upstream["train@top_down"]) == {"import_regions", "prepare"}
+    assert set(stages.upstream["train@bottom_up/top_down"]) == {"import_regions", "prepare"}
     assert stages.stage("import_regions").argv[:3] == ("import-features", "butd-tsv",
                                                        "/data/bottom-up/trainval")

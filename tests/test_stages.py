@@ -242,3 +242,22 @@ def test_second_run_of_a_running_stage_refuses_naming_the_holder(capstack):
     # the lock dies with its holder
     (capstack.workdir / "stages.yaml").write_text(STAGES)
     capstack.stage_cmd("run", "shapes")
+
+
+def test_a_foreach_key_may_be_a_path(capstack):
+    """configs/coco.yaml's train@stack_cap/top_down: the key names folders in the commands."""
+    (capstack.workdir / "stages.yaml").write_text("""
+stages:
+  shapes:
+    foreach:
+      small/a: {seed: 0}
+      small/b: {seed: 1}
+    do:
+      cmd: capstack shapes data/${key} --train 3 --val 1 --test 1 --seed ${item.seed} --size 32
+      outs:
+        - data/${key}
+""")
+    out = capstack.stage_cmd("run", "shapes@small/b").output
+    assert "Running stage 'shapes@small/b'" in out
+    assert (capstack.workdir / "data/small/b/dataset_shapes.json").is_file()
+    assert states(capstack) == {"shapes@small/a": "never run", "shapes@small/b": "up to date"}

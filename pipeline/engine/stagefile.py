@@ -64,7 +64,8 @@ from pipeline.core.errors import CapstackError
 
 _PARAM_REF = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+)?$")  # @key: foreach
+# @key: a foreach key, which may be a relative path (train@stack_cap/top_down)
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$")
 _LOOP_KEYS = {"foreach", "do"}
 _TOP_KEYS = {"params", "stages", "demo"}
 _STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc", "when"}

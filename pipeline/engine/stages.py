@@ -212,7 +212,8 @@ class Pipeline:
         return [n for n in self.file.order if self._run_one(self.file.stage(n), False, report)]
 
     def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
-        holder = self.state_dir / "running" / f"{self.file.path.stem}.{stage.name}.pid"
+        flat = stage.name.replace("/", "--")  # a foreach key may be a path: one file name
+        holder = self.state_dir / "running" / f"{self.file.path.stem}.{flat}.pid"
         with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}"):
             status = self.own_status(stage)
             if status.up_to_date and not force:
