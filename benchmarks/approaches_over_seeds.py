@@ -56,7 +56,7 @@ def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
     return 100 * evaluate_checkpoint(run, run / "eval", figures=0, spice=False)["metrics"]["CIDEr"]
 
 
-def collect(names: list[str], seeds: list[int], out: Path) -> dict:
+def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) -> dict:
     per_approach, params = rl_settings(ROOT / "stages.yaml")
     results = {}
     for name in names:
@@ -65,7 +65,7 @@ def collect(names: list[str], seeds: list[int], out: Path) -> dict:
         for seed in seeds:
             xe_run, rl_run = out / f"{name}-seed{seed}", out / f"{name}-rl-seed{seed}"
             xe = run_once(experiment, xe_run, [f"train.seed={seed}"])
-            reinforced = run_once(experiment, rl_run, [
+            reinforced = float("nan") if not rl_too else run_once(experiment, rl_run, [
                 f"objective.name={rl['objective']}", f"objective.cider_cache={params['cider']}",
                 f"train.init_from={xe_run / 'best.pt'}", f"train.lr={rl['lr']}",
                 "train.lr_decay_every=0", f"train.epochs={params['epochs']}",
@@ -107,9 +107,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=Path("runs/seeds"))
     ap.add_argument("--only", nargs="+", default=None, help="these approaches (default: all)")
+    ap.add_argument("--xe-only", action="store_true", help="train and evaluate XE runs only")
     args = ap.parse_args()
     names = args.only or list(DECODERS)
-    results = collect(names, args.seeds, args.out)
+    results = collect(names, args.seeds, args.out, rl_too=not args.xe_only)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     report(results)
 
