@@ -51,8 +51,12 @@ def rl_settings(stages_file: Path) -> tuple[dict, dict]:
 
 
 def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
-    """Train (or resume a finished run) and evaluate: test CIDEr x 100, beam from the config."""
+    """Train (or resume a finished run) and evaluate: test CIDEr x 100, beam from the config.
+    An evaluation newer than the run's best checkpoint is read, not redone."""
     train(load_experiment(experiment, overrides), run, progress=False)
+    scored = run / "eval" / "metrics.json"
+    if scored.is_file() and scored.stat().st_mtime > (run / "best.pt").stat().st_mtime:
+        return 100 * json.loads(scored.read_text())["metrics"]["CIDEr"]
     return 100 * evaluate_checkpoint(run, run / "eval", figures=0, spice=False)["metrics"]["CIDEr"]
 
 
