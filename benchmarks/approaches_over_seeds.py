@@ -3,7 +3,7 @@
 After `make demo` (its cached features, prepared captions and CIDEr cache),
 trains each experiment of configs/experiments/ with cross-entropy, then
 fine-tunes it with the reinforcement settings its `rl` stage in stages.yaml
-gives (objective, lr, epochs), at each seed; evaluates both with beam search
+gives (objective, lr, epochs, extra settings), at each seed; evaluates both with beam search
 on the test split. Prints test CIDEr per seed, mean +- std per row, RL - XE
 per approach, and each ordering the papers report with its margin in units of
 the larger of the two rows' spreads (std over seeds). Runs that finished are
@@ -44,7 +44,8 @@ ORDERINGS = [
 
 
 def rl_settings(stages_file: Path) -> tuple[dict, dict]:
-    """Each approach's RL objective and lr, and the RL stage's params, from the stages file."""
+    """Each approach's RL settings (objective, lr, epochs, samples), and the RL stage's params,
+    from the stages file."""
     data = yaml.safe_load(stages_file.read_text())
     rl = data["stages"]["rl"]
     return rl["foreach"], {**rl["do"].get("params", {}), "cider": data["params"]["cider"]}
@@ -71,8 +72,8 @@ def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) 
             xe = run_once(experiment, xe_run, [f"train.seed={seed}"])
             reinforced = float("nan") if not rl_too else run_once(experiment, rl_run, [
                 f"objective.name={rl['objective']}", f"objective.cider_cache={params['cider']}",
-                f"train.init_from={xe_run / 'best.pt'}", f"train.lr={rl['lr']}",
-                "train.lr_decay_every=0", f"train.epochs={params['epochs']}",
+                f"objective.samples={rl['samples']}", f"train.init_from={xe_run / 'best.pt'}",
+                f"train.lr={rl['lr']}", "train.lr_decay_every=0", f"train.epochs={rl['epochs']}",
                 f"train.seed={seed}"])
             results.setdefault(name, {"xe": [], "rl": [], "objective": rl["objective"]})
             results[name]["xe"].append(xe)
@@ -86,6 +87,15 @@ def spread(values) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
 
 
+def verdict(a: np.ndarray, b: np.ndarray, relation: str) -> tuple[float, float, str]:
+    """Mean margin a - b, that margin in units of the larger spread, and whether the relation
+    holds: ">" by more than one spread, ">=" not below by more than one, "~" within one."""
+    margin = float(a.mean() - b.mean())
+    units = margin / max(spread(a), spread(b))
+    holds = {">": units > 1, ">=": units > -1, "~": abs(units) <= 1}[relation]
+    return margin, units, "holds" if holds else "does not hold"
+
+
 def report(results: dict) -> None:
     print(f"\n{'approach':>15} {'XE':>12} {'RL':>17} {'RL - XE':>14}")
     for name, r in results.items():
@@ -94,16 +104,19 @@ def report(results: dict) -> None:
         print(f"{name:>15} {xe.mean():5.1f} ± {spread(xe):4.1f} "
               f"{r['objective'].upper():>4} {rl.mean():5.1f} ± {spread(rl):4.1f} "
               f"{gain.mean():+6.1f} ± {spread(gain):4.1f}")
-    print("\nordering (test CIDEr, XE; margin in units of the larger spread)")
-    for better, worse, relation, said in ORDERINGS:
-        if better not in results or worse not in results:
-            continue
-        a, b = np.array(results[better]["xe"]), np.array(results[worse]["xe"])
-        margin = a.mean() - b.mean()
-        units = margin / max(spread(a), spread(b))
-        holds = {">": units > 1, ">=": units > -1, "~": abs(units) <= 1}[relation]
-        print(f"  {said}: {margin:+.1f} ({units:+.1f} spreads) -> "
-              f"{'holds' if holds else 'does not hold'}")
+    blocks = ["xe"] + (["rl"] if all(np.isfinite(r["rl"]).all() for r in results.values()) else [])
+    for block in blocks:
+        print(f"\nordering (test CIDEr, {block.upper()}; margin in units of the larger spread)")
+        for better, worse, relation, said in ORDERINGS:
+            if better in results and worse in results:
+                margin, units, holds = verdict(np.array(results[better][block]),
+                                               np.array(results[worse][block]), relation)
+                print(f"  {said}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
+    if "rl" in blocks:
+        print("\nRL > XE (each approach's RL run against its own XE start)")
+        for name, r in results.items():
+            margin, units, holds = verdict(np.array(r["rl"]), np.array(r["xe"]), ">")
+            print(f"  {name}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -197,3 +198,25 @@ def test_a_changed_learning_rate_is_another_run(xe_run, tmp_path):
     again = train(load_experiment(exp, base + ["train.lr=2e-5"]), tmp_path / "rl",
                   progress=False, restart_on_change=True)
     assert again.resumed_at is None and (tmp_path / "rl.old" / "last.pt").is_file()
+
+
+def test_an_rl_run_resumes_from_its_start_wherever_it_lies_and_not_from_another(xe_run, tmp_path):
+    """The checkpoint an RL run started from is known by its content: a copy of it elsewhere
+    resumes the run, other weights are another start."""
+    root, _, exp = xe_run
+    base = ["objective.name=scst", f"objective.cider_cache={root / 'cider.npz'}",
+            "train.lr=5e-5", "objective.samples=2"]
+    start = root / "xe" / "best.pt"
+    train(load_experiment(exp, base + [f"train.init_from={start}", "train.epochs=1"]),
+          tmp_path / "rl", progress=False)
+    moved = tmp_path / "elsewhere" / "best.pt"
+    moved.parent.mkdir()
+    shutil.copy(start, moved)
+    more = train(load_experiment(exp, base + [f"train.init_from={moved}", "train.epochs=2"]),
+                 tmp_path / "rl", progress=False)
+    assert more.resumed_at == (1, 0) and more.epochs == 2
+    other = tmp_path / "other.pt"
+    shutil.copy(tmp_path / "rl" / "last.pt", other)
+    with pytest.raises(CapstackError, match="this run started from .* the config asks"):
+        train(load_experiment(exp, base + [f"train.init_from={other}", "train.epochs=3"]),
+              tmp_path / "rl", progress=False)

@@ -50,7 +50,8 @@ from trainer.evaluation.validate import validate
 from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
 
 log = logging.getLogger(__name__)
-RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every"}
+# init_from: the start is compared by content (its md5, in resume), wherever the file now lies
+RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every", "init_from"}
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
 
@@ -180,7 +181,7 @@ class Run:
         check_identity(ckpt["identity"], self.identity, path)
         self.check_recipe(ckpt["experiment"], path)
         started = ckpt.get("start")
-        if started != self.start:
+        if (started or {}).get("md5") != (self.start or {}).get("md5"):
             was = f"{started['path']} (md5 {started['md5']})" if started else "scratch"
             now = f"{self.start['path']} (md5 {self.start['md5']})" if self.start else "scratch"
             raise CapstackError(f"{path}: this run started from {was}, the config asks {now}")
