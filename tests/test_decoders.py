@@ -20,7 +20,7 @@ from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_x
                               tiny_decoder_config)
 
 NAMES = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down",
-         "stack_cap", "stack_cap_star"]
+         "stack_cap", "stack_cap_star", "hacap"]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_attention_rows_are_distributions_over_valid_locations(handful, name):
 
 
 @pytest.mark.parametrize("name", ["show_tell", "soft_attention", "top_down", "hard_attention",
-                                  "stack_cap"])
+                                  "stack_cap", "hacap"])
 def test_beam_of_one_equals_greedy(handful, name):
     feats, mask, _, vocab_size = handful
     torch.manual_seed(1)

@@ -24,10 +24,12 @@ def test_every_registered_decoder_has_an_experiment_a_training_and_an_rl_stage()
         assert name in s["rl"]["foreach"], name
 
 
-def test_the_tables_stage_reports_every_approach_xe_then_rl():
+def test_the_tables_stage_reports_every_approach_xe_then_rl_then_adversarial():
     s = stages()
     names = list(DECODERS)
-    expected = [f"evals/{n}" for n in names] + [f"evals/{n}-rl" for n in names]
+    expected = ([f"evals/{n}" for n in names] + [f"evals/{n}-rl" for n in names]
+                + [f"evals/{n}-adv" for n in s["adversarial"]["foreach"]])
+    assert list(s["adversarial"]["foreach"]) == ["hacap"]
     assert sorted(s["tables"]["deps"]) == sorted(expected)
     assert sorted(s["evaluate"]["foreach"]) == sorted(e.removeprefix("evals/") for e in expected)
     reported = s["tables"]["cmd"].split()

@@ -137,6 +137,30 @@ def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, o
     np.testing.assert_allclose(val[0], val[1], atol=1e-9)  # validation split, then gathered
 
 
+@pytest.mark.slow
+def test_hacaps_adversarial_phase_on_two_processes_trains_as_one_process(data, tmp_path):
+    """D's pre-training, adversarial batches (rollouts ranked over the global batch) and an ML
+    interlude: the same losses and D losses step by step on 1 and 2 processes."""
+    root, _ = data
+    exp = experiment_without_dropout(root, "hacap", tmp_path)
+    train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "ml", progress=False)
+    adversarial = ["objective.name=adversarial", f"train.init_from={tmp_path / 'ml' / 'best.pt'}",
+                   "train.epochs=2", "objective.discriminator_pretrain=1", "objective.ml_every=3",
+                   "objective.ml_batches=1", "objective.rollouts=2", "train.lr=1e-3"]
+    train(load_experiment(exp, adversarial), tmp_path / "one", progress=False)
+    sets = [word for item in adversarial for word in ("--set", item)]
+    done = subprocess.run(capstack_cmd("train", exp, "--out", tmp_path / "two", "--nproc", 2,
+                                       *sets), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    one, two = step_lines(tmp_path / "one"), step_lines(tmp_path / "two")
+    assert_same_steps(two, one, ("loss",))
+    for key in ("d_loss", "intrinsic", "xe"):
+        got, expected = ([x.get(key, 0.0) for x in lines] for lines in (two, one))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=key)
+    assert {"d_loss", "intrinsic", "xe"} <= {k for x in one for k in x}  # every phase ran
+
+
 DECODER_LOOP = """
 import sys
 import torch.distributed as dist

@@ -110,3 +110,17 @@ def test_gru_baseline():
     assert (train["lr"], train["epochs"], train["grad_clip"]) == (4e-4, 30, 5.0)
     args = stage_args("coco.yaml", "extract_grid_256")
     assert (args["backbone"], args["image-size"], args["grid"]) == ("resnet101", "256", "14")
+
+
+def test_hacap_on_flickr8k():
+    config = experiment("flickr8k/hacap/hacap.yaml")
+    decoder = config["decoder"]
+    assert (decoder["manager"], decoder["goal_size"], decoder["discriminator_layers"]) == (256, 6, 3)
+    assert config["data"]["features"] == ["flickr8k/features/grid-layer3.json"]  # 196 x 1024
+    assert config["train"]["max_len"] == config["eval"]["max_len"] == 20  # "restricted to 20"
+    stages = yaml.safe_load((ROOT / "configs" / "flickr8k.yaml").read_text())["stages"]
+    assert stages["prepare_hacap"]["params"]["max_len"] == 20
+    assert "flickr8k/prepared-hacap" == config["data"]["captions"]
+    args = stage_args("flickr8k.yaml", "extract_grid_layer3")
+    assert (args["image-size"], args["grid"], args["layer"]) == ("224", "14", "layer3")
+    assert "objective.name=adversarial" in stages["adversarial_hacap"]["cmd"]

@@ -179,7 +179,7 @@ def test_training_refuses_stores_lacking_images(data, tmp_path):
     ("eval.split=dev", "eval.split: expected one of train, val, test, got 'dev'"),
     ("decoder.hiden=3", r"decoder.hiden: unknown key 'hiden' \(known: dropout, embed, hidden"),
     ("decoder.name=nope", r"decoder.name: unknown decoder 'nope' \(choose gru_init,"),
-    ("objective.name=nope", r"objective.name: unknown objective 'nope' \(choose c2f, scst, .*xe"),
+    ("objective.name=nope", r"objective.name: unknown objective 'nope' \(choose adversarial, c2f, scst, .*xe"),
     ("objective.scheduled_sampling_max=high", "objective.scheduled_sampling_max: expected float"),
 ])
 def test_experiment_file_errors_name_the_field(data, tmp_path, override, problem):
@@ -227,7 +227,7 @@ def test_decoders_command_lists_one_per_line(capstack):
     lines = capstack("decoders").output.strip().splitlines()
     assert [line.split()[0] for line in lines] == sorted(
         ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down",
-         "stack_cap", "stack_cap_star"])
+         "stack_cap", "stack_cap_star", "hacap"])
 
 
 def test_restart_on_change_moves_the_old_run_aside(data, tmp_path):

@@ -19,7 +19,13 @@ TINY_DECODER = {"embed": 32, "hidden": 32}
 TINY_ATTENTION = {"embed": 32, "hidden": 32, "att_hidden": 16}
 
 
+TINY_HACAP = {"embed": 32, "worker": 32, "manager": 16, "att_hidden": 16, "discriminator": 16,
+              "discriminator_embed": 16}
+
+
 def tiny_decoder_config(name: str) -> dict:
+    if name == "hacap":
+        return dict(TINY_HACAP)
     return dict(TINY_ATTENTION if name in ("soft_attention", "hard_attention", "top_down", "stack_cap",
                                              "stack_cap_star")
                 else TINY_DECODER)

@@ -58,8 +58,11 @@ def greedy(decoder: Decoder, ctx: Context, max_len: int) -> Decoded:
 
 
 def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.0,
-           n: int = 1, noise: SamplingNoise | None = None) -> Decoded:
+           n: int = 1, noise: SamplingNoise | None = None, prefix: Tensor | None = None) -> Decoded:
     """``n`` sampled captions per image ([B*n, T], an image's samples adjacent).
+
+    With ``prefix`` [B, P] (word ids, no ``<bos>``), the first P words of each
+    row are the prefix's and the rest is sampled: Monte-Carlo rollouts.
 
     The log-probabilities keep their graph when called with gradients enabled
     (REINFORCE needs them); they are those of the model, not of the tempered
@@ -69,7 +72,11 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
     """
     ctx = expand_context(ctx, n) if n > 1 else ctx
 
+    forced = prefix.repeat_interleave(n, 0) if prefix is not None and n > 1 else prefix
+
     def pick(logp: Tensor, t: int) -> Tensor:
+        if forced is not None and t < forced.shape[1]:
+            return forced[:, t]
         probs = torch.softmax(logp.detach().float() / temperature, 1)
         if noise is None:
             return torch.multinomial(probs, 1).squeeze(1)

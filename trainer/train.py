@@ -104,16 +104,20 @@ class Run:
         self.model: Decoder = build_decoder(config.decoder.name, config.decoder.config,
                                             len(self.captions.vocab),
                                             self.features.feature_dim).to(self.device)
-        self.objective = build_objective(config.objective.name, config.objective.config,
-                                         Setting(self.captions, t.max_len, self.device))
-        self.objective.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
-                                          weight_decay=t.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.StepLR(
-            self.optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
         self.batches = TrainBatches(self.captions, self.features, batch_size=t.batch_size,
                                     seq_per_img=config.data.seq_per_img, seed=t.seed,
                                     bucket_by_length=config.data.bucket_by_length, ranks=ranks)
+        self.objective = build_objective(config.objective.name, config.objective.config,
+                                         Setting(self.captions, t.max_len, self.device,
+                                                 epoch_batches=len(self.batches)))
+        self.objective.to(self.device)
+        self.objective.bind(self.model)
+        self.optimizer = torch.optim.Adam(
+            [{"params": params, "name": name}
+             for name, params in self.model.parameter_groups().items()],
+            lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(
+            self.optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
         self.events = tensorboard_writer(self.out_dir) if ranks.main else None
@@ -126,8 +130,12 @@ class Run:
             return loss
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(
-            loss, find_unused_parameters=self.objective.find_unused_parameters)
+        trained = {id(p) for params in self.model.parameter_groups().values() for p in params}
+        elsewhere = [f"decoder.{name}" for name, p in self.model.named_parameters()
+                     if id(p) not in trained]  # an objective's own optimiser trains them
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(loss, elsewhere)
+        return DistributedDataParallel(loss, find_unused_parameters=(
+            self.objective.find_unused_parameters or self.model.find_unused_parameters))
 
     def starting_checkpoint(self) -> dict | None:
         """``train.init_from`` and its digest: a run resumes only from the start it was given."""
@@ -259,13 +267,17 @@ class Run:
         key = StepKey(t.seed, self.epoch, batch.index)
         started = time.perf_counter()
         batch = batch.to(self.device)
+        if not self.objective.trains_decoder(key):  # a step of the objective's own (D alone)
+            return self.summed_over_ranks(
+                {"loss": 0.0, **self.objective.after_step(self.model, batch, key)})
         with self.autocast():
             loss, stats = self.loss(batch, key)
         backward_at = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         (loss * self.ranks.world).backward()  # DDP averages the ranks' gradients
         if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+            torch.nn.utils.clip_grad_norm_(
+                [p for group in self.optimizer.param_groups for p in group["params"]], t.grad_clip)
         self.optimizer.step()
         stepped_at = time.perf_counter()
         stats = {"loss": loss.item(), **stats, **self.objective.after_step(self.model, batch, key)}

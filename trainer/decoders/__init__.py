@@ -12,8 +12,9 @@ from pipeline.core.registry import Registry
 
 DECODERS = Registry("decoder")
 
-from trainer.decoders import (gru_init, hard_attention,  # noqa: E402,F401  (each registers itself)
-                              lstm3, show_tell, soft_attention, stack_cap, stack_cap_star, top_down)
+from trainer.decoders import (gru_init, hacap,  # noqa: E402,F401  (each registers itself)
+                              hard_attention, lstm3, show_tell, soft_attention, stack_cap,
+                              stack_cap_star, top_down)
 from trainer.decoders.base import Decoder  # noqa: E402
 
 

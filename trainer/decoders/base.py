@@ -71,10 +71,20 @@ class Decoder(nn.Module):
     Config: ClassVar[type]
     has_attention: ClassVar[bool] = True
     requirement: ClassVar[str] = "a decoder"  # what an objective asking for this class says
+    # DDP: some objectives' losses leave a parameter group without gradient (HACap under SCST)
+    find_unused_parameters: ClassVar[bool] = False
 
     def __init__(self, config, vocab_size: int, feature_dim: int):
         super().__init__()
         self.config, self.vocab_size, self.feature_dim = config, vocab_size, feature_dim
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """The parameters the run's optimiser trains, by group (an Adam parameter group each).
+
+        A parameter in no group is trained by something else, an objective's own
+        optimiser (HACap's discriminator), and DDP leaves it alone.
+        """
+        return {"decoder": list(self.parameters())}
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         """Per image, what every step reads: feats [B, L, D], mask [B, L] bool."""

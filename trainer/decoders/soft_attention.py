@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderOutput, LossTerms, State
-from trainer.modules.attention import AdditiveAttention
+from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
 from trainer.modules.pooling import masked_mean
 
 
@@ -85,7 +85,6 @@ class SoftAttention(Decoder):
         """lambda * sum_i (1 - sum_t alpha_ti)^2 over valid steps and locations, per caption."""
         terms = super().loss_terms(output, targets, target_mask, loc_mask)
         if self.config.doubly_stochastic:
-            attended = (output.alphas * target_mask[:, :, None]).sum(1)  # [N, L]
-            penalty = ((1 - attended) ** 2 * loc_mask).sum(1)  # [N]
+            penalty = doubly_stochastic_penalty(output.alphas, target_mask, loc_mask)  # [N]
             terms.summed = terms.summed + self.config.doubly_stochastic * penalty.sum()
         return terms

@@ -15,10 +15,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 from pipeline.captions.prepared import load_captions
-from pipeline.captions.vocab import Vocabulary
+from pipeline.captions.vocab import EOS_ID, UNK_ID, Vocabulary
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from trainer.checkpoint import check_identity, identity, load_checkpoint
@@ -26,7 +27,9 @@ from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, f
 from trainer.data import Features, batches_of, covered, eval_batches
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder, StagedDecoder
-from trainer.evaluation.figures import attention_figure, stages_figure, training_curves
+from trainer.decoders.hacap import HACap
+from trainer.evaluation.figures import (attention_figure, goals_figure, stages_figure,
+                                        training_curves)
 from trainer.evaluation.metrics import load_references, score
 from trainer.evaluation.predict import Prediction, predict
 from trainer.objectives import OBJECTIVES
@@ -85,6 +88,8 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
     if isinstance(model, StagedDecoder) and s.figures:
         _stage_pictures(model, vocab, [p.image_id for p in preds[:s.figures]], features, captions,
                         out_dir, dev, s.max_len)
+    if isinstance(model, HACap) and s.figures:
+        _goal_pictures(model, vocab, preds[:s.figures], features, out_dir, dev)
     run_dir = Path(ckpt["path"]).parent
     if (run_dir / "metrics.jsonl").is_file():
         training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png",
@@ -136,6 +141,23 @@ def _stage_pictures(model, vocab, image_ids: list[int], features: Features, capt
         stages_figure(np.asarray(Image.open(path).convert("RGB")), rows,
                       out_dir / "stages" / f"{image_id}.png", grid=grid,
                       boxes=None if grid else per_stage[1][k].boxes)
+
+
+def _goal_pictures(model: HACap, vocab, preds: list[Prediction], features: Features,
+                   out_dir: Path, device) -> None:
+    """HACap's Figures 3-4: the MANAGER's goals along each evaluated caption."""
+    batch = next(batches_of(features, [p.image_id for p in preds], len(preds))).to(device)
+    length = max(len(p.words) for p in preds) + 1
+    tokens = torch.zeros(len(preds), length, dtype=torch.long, device=device)
+    for k, p in enumerate(preds):
+        ids = [vocab.wtoi.get(w, UNK_ID) for w in p.words] + [EOS_ID]
+        tokens[k, :len(ids)] = torch.tensor(ids)
+    trace = model.goal_trace(model.encode(batch.feats, batch.mask), tokens)
+    for k, p in enumerate(preds):
+        if p.words:
+            goals_figure(p.words, trace["subgoals"][k].cpu().numpy(),
+                         trace["cosines"][k].cpu().numpy(), trace["goals"][k].cpu().numpy(),
+                         out_dir / "goals" / f"{p.image_id}.png", title=" ".join(p.words))
 
 
 def _image_files(features: Features, captions) -> dict[int, Path]:

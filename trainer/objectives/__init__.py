@@ -11,7 +11,8 @@ from pipeline.core.registry import Registry
 
 OBJECTIVES = Registry("objective")
 
-from trainer.objectives import c2f, cross_entropy, scst  # noqa: E402,F401  (each registers itself)
+from trainer.objectives import (adversarial, c2f,  # noqa: E402,F401  (each registers itself)
+                                cross_entropy, scst)
 from trainer.objectives.base import Objective, Setting, StepKey, TrainingLoss  # noqa: E402
 
 

@@ -12,6 +12,8 @@ Per step the loop calls, in order::
     ... backward and the decoder's optimiser step ...
     stats |= objective.after_step(decoder, batch, key)         # state updates, own optimisers
 
+unless ``objective.trains_decoder(key)`` says no: then only ``after_step`` runs.
+
 Losses divide sums by the global batch's counts (``batch.share``,
 trainer/batch.py), so the losses of all ranks add up to the
 one-process loss. Statistics follow the same rule and are summed over ranks,
@@ -61,6 +63,7 @@ class Setting:
     captions: "Captions"  # the prepared captions trained on (vocabulary, train split)
     max_len: int  # decoding length of samples and greedy decodes
     device: torch.device = torch.device("cpu")
+    epoch_batches: int = 0  # global batches in an epoch of the train split
 
 
 class Objective:
@@ -75,9 +78,20 @@ class Objective:
     def __init__(self, config, setting: Setting):
         self.config, self.setting = config, setting
 
+    def bind(self, decoder: Decoder) -> None:
+        """Called once with the decoder it will train, before any resume: an objective that
+        trains a part of the decoder with its own optimiser (HACap's discriminator) makes it
+        here, so that a checkpoint's optimiser state can be restored into it."""
+
     def loss(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
         """This rank's part of the global batch's loss, and its statistics."""
         raise NotImplementedError
+
+    def trains_decoder(self, key: StepKey) -> bool:
+        """Whether this step trains the decoder. When not, the loop skips the loss and the
+        decoder's optimiser and calls only :meth:`after_step` (a discriminator's steps alone).
+        Every rank must answer alike: a function of the key and of checkpointed state."""
+        return True
 
     def after_step(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> dict:
         """After the decoder's optimiser step: explicit state updates, the objective's own

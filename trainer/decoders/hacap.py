@@ -1,0 +1,252 @@
+"""HACap: hierarchical adversarial attention (a MANAGER, a WORKER and a leaking discriminator).
+
+The paper (``hierarchical-adversarial-captioning-hacap``) joins Show-Attend-Tell's
+soft attention to LeakGAN's generator; its draft leaves gaps, filled here as
+capstack's HACap issue resolves them. Per step t, reading the previous word
+y_{t-1}:
+
+    f_{t-1} = D's top SRU layer after the prefix y_<=t-1           (leaked, no gradient)
+    g_{t-1} = g^/|g^|, g^ = L_g MANAGER(f_{t-1})                  a goal in f's space
+    alpha_t = softmax_i(w_e^T ReLU(L_img a_i + L_lang q_t + b))    q_t = h^W_{t-1}, detached
+    z_t     = beta_t sum_i alpha_ti a_i,  beta_t = sigmoid(f_beta(q_t))
+    h^W_t   = WORKER([E y_{t-1}; z_t])                            an SRU
+    w_t     = W_psi sum_{i<c} g_{t-1-i}                           k = 6 numbers
+    p(y_t)  = softmax(O_t w_t),  O_t = L_O h^W_t reshaped to V x k
+
+The first step reads [E <bos>; mean a] (uniform attention). The attention's
+query is the WORKER's previous state, detached: "there is no gradient sent back
+to the language model". The WORKER reads the goals detached, so its loss trains
+the WORKER (and attention) and the MANAGER learns from its own loss only, as in
+LeakGAN: two parameter groups (:meth:`HACap.parameter_groups`). D is part of
+the decoder because decoding needs f_t at every step (its SRU state is in the
+decoding state, batch-first like every state); it is trained by the
+adversarial objective alone (trainer/objectives/adversarial.py), never by the
+run's optimiser.
+
+Maximum likelihood (the ``xe`` objective) minimises, per caption, -log P(y|x)
+plus the doubly stochastic penalty plus the MANAGER's term on the real caption,
+-sum_t cos(f_{t+c} - f_t, g_t) (:meth:`HACap.loss_terms`).
+
+Teacher forcing computes D and the MANAGER over the whole caption at once (the
+SRU's parallel path); only the WORKER, whose attention reads its own previous
+state, goes step by step. :meth:`HACap.step` is the decoding path; both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pipeline.captions.vocab import BOS_ID
+from pipeline.core.errors import CapstackError
+from trainer.decoders import DECODERS
+from trainer.decoders.base import Context, Decoder, DecoderOutput, LossTerms, State, WordFeed
+from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
+from trainer.modules.pooling import masked_mean
+from trainer.modules.sru import SRU, SRUCell
+from trainer.modules.text_discriminator import TextDiscriminator, last_positions
+
+
+@dataclass
+class HACapConfig:
+    embed: int = 256  # the WORKER's word embedding E
+    worker: int = 512  # WORKER SRU units
+    manager: int = 256  # MANAGER SRU units (the paper's 256)
+    goal_size: int = 6  # k, the paper's "6-dim subgoal"
+    horizon: int = 4  # c: goals summed, and the step of f_{t+c} - f_t
+    att_hidden: int = 512
+    dropout: float = 0.5
+    doubly_stochastic: float = 1.0  # lambda, per caption (Show-Attend-Tell's)
+    manager_weight: float = 1.0  # the MANAGER's cosine term against -log P(y|x)
+    discriminator_embed: int = 64
+    discriminator: int = 128  # D's SRU units: the size of f and of the goals
+    discriminator_layers: int = 3
+
+    def check(self):
+        for name in ("embed", "worker", "manager", "goal_size", "horizon", "att_hidden",
+                     "discriminator_embed", "discriminator", "discriminator_layers"):
+            if getattr(self, name) < 1:
+                yield f"{name}: must be at least 1, got {getattr(self, name)}"
+
+
+def goal_windows(goals: Tensor, horizon: int) -> Tensor:
+    """[N, T, F] -> [N, T, F]: at t, the sum of goals t-c+1..t (fewer at the start)."""
+    summed = torch.cumsum(goals, 1)
+    earlier = F.pad(summed, (0, 0, horizon, 0))[:, :goals.shape[1]]
+    return summed - earlier
+
+
+def _cosine(f: Tensor, later: Tensor, earlier: Tensor, goals: Tensor) -> Tensor:
+    """cos(f_later - f_earlier, goal) for index tensors [N, T] into f [N, T+1, F]."""
+    pick = lambda index: f.gather(1, index[:, :, None].expand(-1, -1, f.shape[2]))  # noqa: E731
+    return F.cosine_similarity(pick(later) - pick(earlier), goals, dim=2, eps=1e-8)
+
+
+def manager_cosines(features: Tensor, goals: Tensor, horizon: int, last: Tensor) -> Tensor:
+    """cos(f_{t+c} - f_t, g_t) for every goal t [N, T] (0 from the caption's end), f_{t+c}
+    clamped at f_L, the feature at ``<eos>`` (index ``last``): every goal near the end still
+    points at where the caption went. features [N, T+1, F], goals [N, T, F], last [N]."""
+    t = torch.arange(goals.shape[1], device=goals.device).expand(goals.shape[0], -1)
+    later = torch.minimum(t + horizon, last[:, None])
+    valid = t < last[:, None]
+    return _cosine(features, later, t, goals) * valid
+
+
+def intrinsic_rewards(features: Tensor, goals: Tensor, horizon: int, last: Tensor) -> Tensor:
+    """The WORKER's reward for word t (1-based, the f_t it leads to) [N, T]:
+    (1/c) sum_{i=1..c} cos(f_t - f_{t-i}, g_{t-i}) over t-i >= 0 (LeakGAN), 0 after ``<eos>``."""
+    n, steps = goals.shape[:2]
+    t = torch.arange(1, steps + 1, device=goals.device).expand(n, -1)
+    total = goals.new_zeros(n, steps)
+    for i in range(1, horizon + 1):
+        earlier = (t - i).clamp(min=0)
+        cos = _cosine(features, t, earlier, goals.gather(
+            1, earlier[:, :, None].expand(-1, -1, goals.shape[2])))
+        total = total + cos * (t - i >= 0)
+    return total / horizon * (t <= last[:, None])
+
+
+@DECODERS.register("hacap")
+class HACap(Decoder):
+    """HACap: an SRU WORKER with soft attention, led by an SRU MANAGER's goals in D's space."""
+
+    Config = HACapConfig
+    find_unused_parameters = True  # SCST's loss trains the WORKER alone, not the MANAGER
+
+    def __init__(self, config: HACapConfig, vocab_size: int, feature_dim: int):
+        super().__init__(config, vocab_size, feature_dim)
+        c = config
+        self.discriminator = TextDiscriminator(vocab_size, c.discriminator_embed, c.discriminator,
+                                               c.discriminator_layers)
+        self.manager = SRU(c.discriminator, c.manager)
+        self.to_goal = nn.Linear(c.manager, c.discriminator)  # L_g: a goal in f's space
+        self.word_embed = nn.Embedding(vocab_size, c.embed)  # E
+        self.attention = AdditiveAttention(feature_dim, c.worker, c.att_hidden, activation="relu")
+        self.gate = nn.Linear(c.worker, 1)  # f_beta
+        self.worker = SRUCell(c.embed + feature_dim, c.worker)
+        self.goal_weights = nn.Linear(c.discriminator, c.goal_size, bias=False)  # W_psi
+        self.out = nn.Linear(c.worker, vocab_size * c.goal_size)  # O_t
+        self.dropout = nn.Dropout(c.dropout)
+        for module in (self.to_goal, self.word_embed, self.gate, self.goal_weights, self.out,
+                       *self.attention.modules()):
+            if isinstance(module, (nn.Linear, nn.Embedding)):  # Xavier (the SRUs: orthogonal)
+                nn.init.xavier_uniform_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """The WORKER (with attention) and the MANAGER; D is the adversarial objective's."""
+        manager = [*self.manager.parameters(), *self.to_goal.parameters()]
+        taken = {id(p) for p in [*manager, *self.discriminator.parameters()]}
+        return {"worker": [p for p in self.parameters() if id(p) not in taken], "manager": manager}
+
+    # ------------------------------------------------------------------ decoding, a step at a time
+
+    def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
+                "mean": masked_mean(feats, mask)}
+
+    def init_state(self, ctx: Context) -> State:
+        """(WORKER c, WORKER h, MANAGER c, D c, the last c goals, first-step flag), all zero
+        but the flag, batch-first."""
+        mean, c = ctx["mean"], self.config
+        n = mean.shape[0]
+        return (mean.new_zeros(n, c.worker), mean.new_zeros(n, c.worker),
+                self.manager.initial(mean, n), self.discriminator.initial(mean, n),
+                mean.new_zeros(n, c.horizon, c.discriminator), mean.new_ones(n, 1))
+
+    def goal(self, features: Tensor, manager_state: Tensor | None = None):
+        """f [N, F] (a step) or [N, T, F] (a sequence) -> unit goals, the MANAGER's state."""
+        if features.dim() == 2:
+            h, state = self.manager.step(features, manager_state)
+        else:
+            h, state = self.manager(features)
+        return F.normalize(self.to_goal(h), dim=-1), state
+
+    def attend(self, query: Tensor, first: Tensor, ctx: Context) -> tuple[Tensor, Tensor]:
+        """-> z [N, D] and alpha [N, L]: the gated attended context, or on the first step the
+        mean feature (uniform attention over the valid locations)."""
+        query = query.detach()  # no gradient from attention back to the language model
+        context, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], query)
+        z = torch.sigmoid(self.gate(query)) * context
+        uniform = ctx["mask"].to(alpha.dtype) / ctx["mask"].sum(1, keepdim=True).clamp(min=1)
+        return torch.where(first > 0, ctx["mean"], z), torch.where(first > 0, uniform, alpha)
+
+    def work(self, words: Tensor, z: Tensor, window: Tensor,
+             c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The WORKER's step: -> logits [N, V], h, c. ``window``: the summed goals [N, F]."""
+        h, c = self.worker.step(torch.cat([self.dropout(self.word_embed(words)), z], 1), c)
+        actions = self.out(self.dropout(h)).view(h.shape[0], self.vocab_size, -1)  # O_t [N, V, k]
+        w = self.goal_weights(window.detach())  # the WORKER does not train the MANAGER
+        return torch.bmm(actions, w[:, :, None]).squeeze(2), h, c
+
+    def step(self, words: Tensor, state: State, ctx: Context):
+        worker_c, worker_h, manager_c, d_state, goals, first = state
+        with torch.no_grad():  # the leaked feature: D learns from its own loss only
+            f, d_state = self.discriminator.step(words, d_state)
+        g, manager_c = self.goal(f, manager_c)
+        goals = torch.cat([goals[:, 1:], g[:, None]], 1)
+        z, alpha = self.attend(worker_h, first, ctx)
+        logits, worker_h, worker_c = self.work(words, z, goals.sum(1), worker_c)
+        state = (worker_c, worker_h, manager_c, d_state, goals, torch.zeros_like(first))
+        return logits, state, alpha
+
+    # ------------------------------------------------------------------ teacher forcing
+
+    def forward(self, ctx: Context, captions: Tensor,
+                feed: WordFeed | None = None) -> DecoderOutput:
+        """Logits for captions[:, 1:], with ``extras``: ``goals`` g_0..g_{T-1} [N, T, F] (with
+        the MANAGER's graph) and ``features`` f_0..f_T [N, T+1, F] of the whole caption."""
+        if feed is not None:
+            raise CapstackError("hacap: scheduled sampling is not supported (its MANAGER reads "
+                                "the discriminator's features of the whole caption at once)")
+        with torch.no_grad():
+            features = self.discriminator.features(captions)  # [N, T+1, F]
+        goals, _ = self.goal(features[:, :-1])
+        windows = goal_windows(goals, self.config.horizon)
+        state = self.init_state(ctx)
+        worker_c, worker_h, first = state[0], state[1], state[5]
+        logits, alphas = [], []
+        for t in range(captions.shape[1] - 1):
+            z, alpha = self.attend(worker_h, first if t == 0 else torch.zeros_like(first), ctx)
+            step_logits, worker_h, worker_c = self.work(captions[:, t], z, windows[:, t], worker_c)
+            logits.append(step_logits)
+            alphas.append(alpha)
+        return DecoderOutput(torch.stack(logits, 1), torch.stack(alphas, 1),
+                             {"goals": goals, "features": features})
+
+    def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
+                   loc_mask: Tensor) -> LossTerms:
+        """lambda sum_i (1 - sum_t alpha_ti)^2 - manager_weight sum_t cos(f_{t+c} - f_t, g_t),
+        per caption, summed."""
+        terms = super().loss_terms(output, targets, target_mask, loc_mask)
+        c = self.config
+        if c.doubly_stochastic:
+            terms.summed = terms.summed + c.doubly_stochastic * doubly_stochastic_penalty(
+                output.alphas, target_mask, loc_mask).sum()
+        if c.manager_weight and "goals" in output.extras:
+            last = target_mask.sum(1)  # the index of <eos> in the caption row (<bos> at 0)
+            cosines = manager_cosines(output.extras["features"], output.extras["goals"],
+                                      c.horizon, last)
+            terms.summed = terms.summed - c.manager_weight * cosines.sum()
+        return terms
+
+    @torch.no_grad()
+    def goal_trace(self, ctx: Context, tokens: Tensor) -> dict[str, Tensor]:
+        """What the MANAGER asked along decoded captions [N, T] (words, ``<eos>``, ``<pad>``),
+        per word: ``subgoals`` w [N, T, k], ``cosines`` cos(f_{t+c} - f_t, g_t) [N, T] and the
+        ``goals`` g [N, T, F] that led to it (the goal pictures)."""
+        rows = F.pad(tokens, (1, 0), value=BOS_ID)
+        out = self(ctx, rows)
+        goals, features = out.extras["goals"], out.extras["features"]
+        last = last_positions(rows)
+        windows = goal_windows(goals, self.config.horizon)
+        return {"subgoals": self.goal_weights(windows), "goals": goals,
+                "cosines": manager_cosines(features, goals, self.config.horizon, last)}
+
+
+__all__ = ["HACap", "HACapConfig", "goal_windows", "intrinsic_rewards", "last_positions",
+           "manager_cosines"]
