@@ -267,9 +267,6 @@ class Run:
         key = StepKey(t.seed, self.epoch, batch.index)
         started = time.perf_counter()
         batch = batch.to(self.device)
-        if not self.objective.trains_decoder(key):  # a step of the objective's own (D alone)
-            return self.summed_over_ranks(
-                {"loss": 0.0, **self.objective.after_step(self.model, batch, key)})
         with self.autocast():
             loss, stats = self.loss(batch, key)
         backward_at = time.perf_counter()

@@ -5,9 +5,14 @@ it with LeakGAN's. After maximum likelihood (the ``xe`` objective, which trains
 the WORKER on -log P(y|x) and the MANAGER on the real captions' directions),
 a run with ``objective: {name: adversarial}`` goes, step by step:
 
-1. **Discriminator pre-training** (``discriminator_pretrain`` steps): only D
-   learns, by binary cross-entropy of the batch's references (real) against
-   the generator's samples (fake); the generator is left as it is.
+1. **Discriminator pre-training** (``discriminator_pretrain`` steps): D
+   learns by binary cross-entropy of the batch's references (real) against
+   the generator's samples (fake), while the generator takes
+   maximum-likelihood steps. The generator reads D's features (the MANAGER's
+   input), so a D that learned alone would move them under a generator
+   trained on the old ones: on the demo, 160 D-only steps at lr 1e-3 took
+   validation CIDEr from 0.425 to 0.012. LeakGAN interleaves the two
+   pre-trainings for the same reason.
 2. **Adversarial cycles**: ``ml_every`` adversarial batches, then
    ``ml_batches`` maximum-likelihood batches (one epoch by default) that keep
    the captions grounded, since D never sees the image. An adversarial batch:
@@ -129,29 +134,27 @@ class Adversarial(Objective):
 
     # -- the schedule
 
-    def phase(self) -> str:
+    def cycle_position(self) -> tuple[int, int]:
+        """(cycles done, position in the current one) of the steps after D's pre-training; a
+        cycle is ``ml_every`` adversarial batches, then the maximum-likelihood interlude."""
         c = self.config
-        if self.steps < c.discriminator_pretrain:
-            return Phase.PRETRAIN
         ml_batches = c.ml_batches or self.setting.epoch_batches
-        position = (self.steps - c.discriminator_pretrain) % (c.ml_every + ml_batches)
-        return Phase.ADVERSARIAL if position < c.ml_every else Phase.ML
+        return divmod(max(self.steps - c.discriminator_pretrain, 0), c.ml_every + ml_batches)
+
+    def phase(self) -> str:
+        if self.steps < self.config.discriminator_pretrain:
+            return Phase.PRETRAIN
+        return Phase.ADVERSARIAL if self.cycle_position()[1] < self.config.ml_every else Phase.ML
 
     def adversarial_steps(self) -> int:
         """Adversarial batches so far (D's turns count them)."""
-        c = self.config
-        ml_batches = c.ml_batches or self.setting.epoch_batches
-        done = max(self.steps - c.discriminator_pretrain, 0)
-        cycles, position = divmod(done, c.ml_every + ml_batches)
-        return cycles * c.ml_every + min(position, c.ml_every)
-
-    def trains_decoder(self, key: StepKey) -> bool:
-        return self.phase() != Phase.PRETRAIN
+        cycles, position = self.cycle_position()
+        return cycles * self.config.ml_every + min(position, self.config.ml_every)
 
     # -- the generator's loss
 
     def loss(self, decoder: HACap, batch, key: StepKey) -> tuple[Tensor, dict]:
-        if self.phase() == Phase.ML:
+        if self.phase() != Phase.ADVERSARIAL:  # the generator follows D by maximum likelihood
             loss, stats = self.ml.loss(decoder, batch, key)
             return loss, {**stats, "ml": batch.share.weight}
         return self.adversarial_loss(decoder, batch, key)
@@ -213,15 +216,20 @@ class Adversarial(Objective):
 
     def after_step(self, decoder: HACap, batch, key: StepKey) -> dict:
         phase = self.phase()
-        stats = {}
-        if phase == Phase.ML:
-            stats = self.ml.after_step(decoder, batch, key)
-        elif phase == Phase.PRETRAIN or (
-                self.adversarial_steps() % self.config.discriminator_every == 0):
+        stats = self.ml.after_step(decoder, batch, key) if phase != Phase.ADVERSARIAL else {}
+        if self.discriminator_turn(phase):
             for turn in range(self.config.discriminator_steps):
-                stats = self.discriminator_step(decoder, batch, key, turn)
+                stats = {**stats, **self.discriminator_step(decoder, batch, key, turn)}
         self.steps += 1
         return stats
+
+    def discriminator_turn(self, phase: str) -> bool:
+        """Whether D steps now: at every pre-training step, and after every
+        ``discriminator_every``-th adversarial batch."""
+        if phase == Phase.PRETRAIN:
+            return True
+        return (phase == Phase.ADVERSARIAL
+                and self.adversarial_steps() % self.config.discriminator_every == 0)
 
     def discriminator_step(self, decoder: HACap, batch, key: StepKey, turn: int) -> dict:
         """One Adam step of D: the batch's references (real) against fresh samples (fake)."""

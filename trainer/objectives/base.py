@@ -12,8 +12,6 @@ Per step the loop calls, in order::
     ... backward and the decoder's optimiser step ...
     stats |= objective.after_step(decoder, batch, key)         # state updates, own optimisers
 
-unless ``objective.trains_decoder(key)`` says no: then only ``after_step`` runs.
-
 Losses divide sums by the global batch's counts (``batch.share``,
 trainer/batch.py), so the losses of all ranks add up to the
 one-process loss. Statistics follow the same rule and are summed over ranks,
@@ -86,12 +84,6 @@ class Objective:
     def loss(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
         """This rank's part of the global batch's loss, and its statistics."""
         raise NotImplementedError
-
-    def trains_decoder(self, key: StepKey) -> bool:
-        """Whether this step trains the decoder. When not, the loop skips the loss and the
-        decoder's optimiser and calls only :meth:`after_step` (a discriminator's steps alone).
-        Every rank must answer alike: a function of the key and of checkpointed state."""
-        return True
 
     def after_step(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> dict:
         """After the decoder's optimiser step: explicit state updates, the objective's own
