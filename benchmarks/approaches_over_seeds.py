@@ -1,13 +1,15 @@
-"""Every approach of the demo, XE then RL, over seeds: means, spreads and the papers' orderings.
+"""Every approach of the demo, XE then RL (and adversarial), over seeds: means, spreads, orderings.
 
 After `make demo` (its cached features, prepared captions and CIDEr cache),
 trains each experiment of configs/experiments/ with cross-entropy, then
 fine-tunes it with the reinforcement settings its `rl` stage in stages.yaml
-gives (objective, lr, epochs, extra settings), at each seed; evaluates both with beam search
-on the test split. Prints test CIDEr per seed, mean +- std per row, RL - XE
+gives (objective, lr, epochs, extra settings), and, for an approach the
+`adversarial` stage lists (HACap), trains its adversarial phase from the same
+XE start, at each seed; evaluates every run with beam search on the test split. Prints test CIDEr per seed, mean +- std per row, RL - XE
 per approach, and each ordering the papers report with its margin in units of
 the larger of the two rows' spreads (std over seeds). Runs that finished are
-reused, so an interrupted benchmark resumes; results go to OUT/results.json.
+reused, so an interrupted benchmark resumes; results go to OUT/results.json, beside
+those of approaches an earlier --only run measured.
 
     python benchmarks/approaches_over_seeds.py [--seeds 0 1 2] [--out runs/seeds]
         [--only show_tell soft_attention]
@@ -40,6 +42,8 @@ ORDERINGS = [
     ("stack_cap", "stack_cap_star", ">", "Stack-Cap > Stack-Cap* (Stack-Cap Tables 1-2)"),
     ("hard_attention", "soft_attention", "~", "hard ~ soft (Show-Attend-Tell Table 1)"),
     ("show_tell", "lstm3", ">", "LSTM > LSTM3 layers (Stack-Cap Table 1)"),
+    ("hacap", "soft_attention", "~", "HACap ~ Soft (HACap gives no numbers; it calls its BLEU "
+                                     "'not so satisfying')"),
 ]
 
 
@@ -49,6 +53,12 @@ def rl_settings(stages_file: Path) -> tuple[dict, dict]:
     data = yaml.safe_load(stages_file.read_text())
     rl = data["stages"]["rl"]
     return rl["foreach"], {**rl["do"].get("params", {}), "cider": data["params"]["cider"]}
+
+
+def adversarial_settings(stages_file: Path) -> dict:
+    """The approaches the adversarial stage trains, each with its settings (lr, epochs)."""
+    stage = yaml.safe_load(stages_file.read_text())["stages"].get("adversarial", {})
+    return stage.get("foreach", {})
 
 
 def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
@@ -63,6 +73,7 @@ def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
 
 def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) -> dict:
     per_approach, params = rl_settings(ROOT / "stages.yaml")
+    adversarial = adversarial_settings(ROOT / "stages.yaml")
     results = {}
     for name in names:
         experiment = ROOT / "configs" / "experiments" / f"{name}.yaml"
@@ -78,8 +89,17 @@ def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) 
             results.setdefault(name, {"xe": [], "rl": [], "objective": rl["objective"]})
             results[name]["xe"].append(xe)
             results[name]["rl"].append(reinforced)
-            print(f"seed {seed} {name:>15}: test CIDEr XE {xe:5.1f}  "
-                  f"{rl['objective'].upper()} {reinforced:5.1f}", flush=True)
+            line = f"seed {seed} {name:>15}: test CIDEr XE {xe:5.1f}  " \
+                   f"{rl['objective'].upper()} {reinforced:5.1f}"
+            if name in adversarial and rl_too:
+                adv = adversarial[name]
+                results[name].setdefault("adv", []).append(run_once(
+                    experiment, out / f"{name}-adv-seed{seed}", [
+                        "objective.name=adversarial", f"train.init_from={xe_run / 'best.pt'}",
+                        f"train.lr={adv['lr']}", "train.lr_decay_every=0",
+                        f"train.epochs={adv['epochs']}", f"train.seed={seed}"]))
+                line += f"  Adv {results[name]['adv'][-1]:5.1f}"
+            print(line, flush=True)
     return results
 
 
@@ -101,9 +121,11 @@ def report(results: dict) -> None:
     for name, r in results.items():
         xe, rl = np.array(r["xe"]), np.array(r["rl"])
         gain = rl - xe
+        adv = np.array(r.get("adv", []))
         print(f"{name:>15} {xe.mean():5.1f} ± {spread(xe):4.1f} "
               f"{r['objective'].upper():>4} {rl.mean():5.1f} ± {spread(rl):4.1f} "
-              f"{gain.mean():+6.1f} ± {spread(gain):4.1f}")
+              f"{gain.mean():+6.1f} ± {spread(gain):4.1f}"
+              + (f"   Adv {adv.mean():5.1f} ± {spread(adv):4.1f}" if adv.size else ""))
     blocks = ["xe"] + (["rl"] if all(np.isfinite(r["rl"]).all() for r in results.values()) else [])
     for block in blocks:
         print(f"\nordering (test CIDEr, {block.upper()}; margin in units of the larger spread)")
@@ -117,6 +139,10 @@ def report(results: dict) -> None:
         for name, r in results.items():
             margin, units, holds = verdict(np.array(r["rl"]), np.array(r["xe"]), ">")
             print(f"  {name}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
+        for name, r in results.items():
+            if r.get("adv"):
+                margin, units, holds = verdict(np.array(r["adv"]), np.array(r["xe"]), ">")
+                print(f"  Adv > XE, {name}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
 
 
 def main() -> None:
@@ -127,8 +153,10 @@ def main() -> None:
     ap.add_argument("--xe-only", action="store_true", help="train and evaluate XE runs only")
     args = ap.parse_args()
     names = args.only or list(DECODERS)
-    results = collect(names, args.seeds, args.out, rl_too=not args.xe_only)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    saved = args.out / "results.json"
+    earlier = json.loads(saved.read_text()) if saved.is_file() else {}
+    results = {**earlier, **collect(names, args.seeds, args.out, rl_too=not args.xe_only)}
+    saved.write_text(json.dumps(results, indent=1))  # approaches run before (--only) are kept
     report(results)
 
 
