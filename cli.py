@@ -393,7 +393,8 @@ def objectives_cmd():
               help="Override a value of the experiment file, e.g. train.epochs=3.")
 @click.option("--restart-on-change", is_flag=True,
               help="When OUT holds a run of other data or decoder config, move it to OUT.old "
-                   "and start afresh (instead of refusing).")
+                   "(OUT.old.2, ... when taken: nothing is deleted) and start afresh (instead of "
+                   "refusing).")
 @nproc_option
 def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
     """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says.

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,11 +36,12 @@ from tqdm import tqdm
 
 import pipeline
 from pipeline.captions.prepared import Captions, load_captions
-from pipeline.core.atomic import atomic_file, replace_path
+from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
+from pipeline.core.runlock import exclusive_run
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import Features, TrainBatches, covered
@@ -98,6 +99,7 @@ class Run:
         self.features = Features(config.data.features, config.data.max_regions,
                                  config.data.box_geometry)
         self.captions = covered(self.captions, self.features)
+        require_splits(self.captions, config.data.captions)
         self.identity = identity(config.decoder.name, asdict(config.decoder.config),
                                  self.captions.vocab.itow, self.features.describe())
         torch.manual_seed(t.seed)  # the same initial weights (the objective's too) for the same seed
@@ -328,18 +330,68 @@ class Run:
         return cider
 
 
+def require_splits(captions: Captions, where) -> None:
+    """Refuse, before the first step, captions with no train or no val image among those the
+    stores hold: training validates on val every epoch, and an empty one was found only after
+    a whole epoch."""
+    for split in ("train", "val"):
+        if len(captions.rows(split)) == 0:
+            raise CapstackError(f"{where}: the {split} split has no images (among those every "
+                                f"feature store holds); training needs train images and "
+                                f"validates on val images every epoch")
+
+
 def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = True,
           restart_on_change: bool = False) -> TrainResult:
     """Train (or resume) the experiment in ``out_dir`` until ``config.train.epochs``.
 
     A run folder whose checkpoint has other stores, vocabulary or decoder config
-    is refused; with ``restart_on_change`` it is moved to ``<out_dir>.old``
-    (replacing an earlier one) and training starts afresh: what a stage wants
-    when its experiment file changed. Under torchrun, every process calls this.
+    is refused; with ``restart_on_change`` it is moved to ``<out_dir>.old`` (or
+    ``.old.2``, ``.old.3``... when taken: no run is ever deleted) and training
+    starts afresh: what a stage wants when its experiment file changed. One
+    training at a time writes a run folder (:func:`run_folder_held`). Under
+    torchrun, every process calls this.
     """
     device_type = "cuda" if Ranks().device(config.train.device).type == "cuda" else "cpu"
-    with join(device_type) as ranks:
-        return train_ranks(config, Path(out_dir), ranks, progress, restart_on_change)
+    out_dir = Path(out_dir)
+    made_here = not out_dir.exists()
+    with join(device_type) as ranks, run_folder_held(out_dir, ranks):
+        try:
+            return train_ranks(config, out_dir, ranks, progress, restart_on_change)
+        except BaseException:
+            if made_here and ranks.main:  # a refusal before any output leaves no empty folder
+                with suppress(OSError):
+                    out_dir.rmdir()
+            raise
+
+
+@contextmanager
+def run_folder_held(out_dir: Path, ranks: Ranks):
+    """The run folder is one training's at a time, through a sibling ``<out>.lock`` as a
+    store's: a second training into it is refused at once, naming the holder (two would
+    interleave their logs and checkpoints). Under torchrun the main rank holds it and every
+    rank learns whether it did."""
+    with ExitStack() as held:
+        refusal = None
+        if ranks.main:
+            try:
+                held.enter_context(exclusive_run(out_dir.with_name(out_dir.name + ".lock"),
+                                                 f"training into {out_dir}"))
+            except CapstackError as error:
+                refusal = str(error)
+        refusal = ranks.broadcast(refusal)
+        if refusal:
+            raise CapstackError(refusal)
+        yield
+
+
+def unused_sibling(path: Path, suffix: str) -> Path:
+    """``<path><suffix>``, or ``<path><suffix>.2``, ``.3``... the first that does not exist."""
+    candidate, n = path.with_name(path.name + suffix), 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}{suffix}.{n}")
+    return candidate
 
 
 def record_experiment(out_dir: Path, experiment: dict) -> None:
@@ -369,8 +421,9 @@ def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress:
             run.events.close()
         ranks.barrier()  # every rank has read the old run before rank 0 moves it
         if ranks.main:
-            log.warning("%s; starting afresh, the old run moved to %s.old", error, out_dir)
-            replace_path(out_dir, out_dir.with_name(out_dir.name + ".old"))
+            kept = unused_sibling(out_dir, ".old")
+            os.replace(out_dir, kept)
+            log.warning("%s; starting afresh, the old run moved to %s", error, kept)
             out_dir.mkdir()
         ranks.barrier()
         run = Run(config, out_dir, ranks)

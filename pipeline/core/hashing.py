@@ -11,15 +11,21 @@ list, so renaming, adding or editing any file inside changes it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 _CHUNK = 1 << 20
 Progress = Callable[[int], None] | None  # told the bytes of each chunk read
+
+
+class NotARegularFile(OSError):
+    """A path that names a folder, FIFO, socket or device where a file's content is wanted."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +136,13 @@ class HashCache:
         return md5
 
     def file_md5(self, path: str | os.PathLike) -> str:
+        """The md5 of a regular file; :class:`NotARegularFile` for anything else (a FIFO or a
+        device would block or never end), before a byte is read."""
         abspath = os.path.abspath(path)
-        return self._file_md5(abspath, os.stat(abspath))
+        st = os.stat(abspath)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(errno.EINVAL, "not a regular file", abspath)
+        return self._file_md5(abspath, st)
 
     def digest(self, path: str | os.PathLike, progress: Progress = None) -> Digest | None:
         """Digest of a file or a folder; ``None`` when ``path`` does not exist."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import yaml
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
+from pipeline.core.entry import capstack_command
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import code_files, project_root
 from pipeline.engine.stagefile import Stage, StagesFile
@@ -235,8 +235,7 @@ class Pipeline:
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
         if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
             env["CAPSTACK_NPROC"] = str(stage.nproc)
-        rc = subprocess.run([sys.executable, "-m", "cli", *stage.argv], cwd=self.workdir,
-                            env=env).returncode
+        rc = subprocess.run(capstack_command(stage.argv), cwd=self.workdir, env=env).returncode
         if rc != 0:
             raise CapstackError(f"stage '{stage.name}' failed: `{stage.cmd}` exited with status "
                                 f"{rc}; nothing was recorded")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from typing import Sequence
 
+from pipeline.core.entry import torchrun_command
 from pipeline.core.errors import CapstackError
 
 LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
@@ -19,12 +19,6 @@ LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
 
 def under_torchrun() -> bool:
     return LAUNCHED_BY_TORCHRUN in os.environ
-
-
-def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
-    """``torchrun --standalone --nproc-per-node N`` running ``capstack ARGV`` in each process."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", "-m", "cli", *argv]
 
 
 def launch(nproc: int, argv: Sequence[str]) -> int:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from pipeline.captions.karpathy import KarpathyDataset
-from pipeline.core.hashing import HashCache
+from pipeline.core.hashing import HashCache, NotARegularFile
 
 
 def fingerprint(settings: dict) -> str:
@@ -24,13 +24,16 @@ def fingerprint(settings: dict) -> str:
 
 
 def images_digest(dataset: KarpathyDataset, image_root: str | Path, hashes: HashCache) -> str:
-    """md5 over every image's id, relative path and content ("missing" when absent)."""
+    """md5 over every image's id, relative path and content ("missing" when absent, "not a
+    regular file" for a FIFO, device or folder: never read, since it may never end)."""
     h = hashlib.md5()
     root = Path(image_root)
     for im in dataset.images:
         path = root / im.relpath
         try:
             content = hashes.file_md5(path)
+        except NotARegularFile:
+            content = "not a regular file"
         except OSError:
             content = "missing"
         h.update(f"{im.image_id}\0{im.relpath}\0{content}\n".encode())

@@ -239,7 +239,7 @@ class ImageDataset(Dataset):
     orientation (0 when skipped) and ``skipped`` None or the reason. Picklable when
     ``transform`` is (the ones below are), so it works with any number of workers
     under "fork" and "spawn". An exception raised by ``transform`` itself is a bug and
-    is not swallowed; a note names the image.
+    is not swallowed (a note names the image), except :class:`ImageSkipped`, its refusal.
     """
 
     def __init__(self, items: Sequence[tuple[int, str | Path]],
@@ -262,6 +262,9 @@ class ImageDataset(Dataset):
         width, height = image.size
         try:
             tensor = self.transform(image)
+        except ImageSkipped as e:  # a transform may refuse an image (too thin for a detector)
+            return {"image_id": image_id, "image": None, "height": 0, "width": 0,
+                    "skipped": e.reason}
         except Exception as e:
             e.add_note(f"while transforming image {image_id} ({path})")
             raise
@@ -341,14 +344,38 @@ class GridTransform:
         return f"GridTransform(image_size={self.image_size})"
 
 
+MIN_DETECTOR_SIDE = 16  # pixels of the resized image's shorter side a detector needs
+
+
 class DetectorTransform:
-    """RGB PIL image -> float32 [3, H, W] in 0..1, original size (detectors resize themselves)."""
+    """RGB PIL image -> float32 [3, H, W] in 0..1, original size (detectors resize themselves).
+
+    With the detector's ``min_size``/``max_size``, an image whose shorter side would
+    shrink below :data:`MIN_DETECTOR_SIDE` pixels at the detector's scale (a 1x10000
+    strip: its longer side is brought to ``max_size``) is skipped with that reason:
+    resized to 0 rows it would stop the whole extraction, at every rerun.
+    """
+
+    def __init__(self, min_size: int = 0, max_size: int = 0):
+        self.min_size, self.max_size = int(min_size), int(max_size)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
+        if self.max_size:
+            self.check_side(*image.size)
         return pil_to_uint8(image).to(torch.float32).div_(255.0)
 
+    def check_side(self, width: int, height: int) -> None:
+        short, long = min(width, height), max(width, height)
+        scale = min(self.min_size / short, self.max_size / long)
+        if round(short * scale) < MIN_DETECTOR_SIDE:
+            raise ImageSkipped(
+                f"too thin for the detector: {width}x{height} would be "
+                f"{round(width * scale)}x{round(height * scale)} pixels at its scale (shorter "
+                f"side {self.min_size}, longer at most {self.max_size}; at least "
+                f"{MIN_DETECTOR_SIDE} needed)")
+
     def __repr__(self) -> str:
-        return "DetectorTransform()"
+        return f"DetectorTransform(min_size={self.min_size}, max_size={self.max_size})"
 
 
 def grid_transform(image_size: int) -> GridTransform:
@@ -356,6 +383,6 @@ def grid_transform(image_size: int) -> GridTransform:
     return GridTransform(image_size)
 
 
-def detector_transform() -> DetectorTransform:
-    """Float [3, H, W] in 0..1, no resize."""
-    return DetectorTransform()
+def detector_transform(min_size: int = 0, max_size: int = 0) -> DetectorTransform:
+    """Float [3, H, W] in 0..1, no resize; images too thin for the detector's sizes skipped."""
+    return DetectorTransform(min_size, max_size)

@@ -91,7 +91,8 @@ def _regions(producer: dict, weights: str, where: str, device: torch.device):
         top_attributes=s.get("top_attributes", 1))
     extractor = region_extraction.build_extractor(settings, weights, s["weights_md5"])
     extractor = extractor.eval().to(device)
-    return region_extraction.batch_model(extractor, device, None), detector_transform()
+    return (region_extraction.batch_model(extractor, device, None),
+            detector_transform(settings.min_size, settings.max_size))
 
 
 REBUILDERS = {"extract-grid": _grid, "extract-regions": _regions}  # producer -> its extractor

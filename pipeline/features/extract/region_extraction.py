@@ -220,5 +220,6 @@ def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
     def make_model():
         return batch_model(probe.to(dev), dev, boxes)
 
-    return run_job(job, make_model, detector_transform(), batch_size=batch_size, workers=workers,
-                   pointer=pointer, progress=progress, pin_memory=dev.type == "cuda")
+    return run_job(job, make_model, detector_transform(s.min_size, s.max_size),
+                   batch_size=batch_size, workers=workers, pointer=pointer, progress=progress,
+                   pin_memory=dev.type == "cuda")

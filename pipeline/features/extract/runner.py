@@ -39,7 +39,8 @@ class LoopReport:
 def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model: BatchModel,
                    transform, *, batch_size: int, workers: int, progress: bool = True,
                    pin_memory: bool = False) -> LoopReport:
-    """Extract every (image_id, path) not yet in ``writer`` and commit batch by batch."""
+    """Extract every (image_id, path) not yet in ``writer`` and commit batch by batch; a
+    skipped image is recorded as ``PATH: reason``."""
     from tqdm import tqdm
 
     todo = [(i, p) for i, p in items if int(i) not in writer.done]
@@ -49,15 +50,17 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
     loader = DataLoader(ImageDataset(todo, transform), batch_size=batch_size,
                         num_workers=workers, collate_fn=collate_images, pin_memory=pin_memory,
                         persistent_workers=False)
+    paths = {int(i): p for i, p in todo}
     started = time.perf_counter()
     bar = tqdm(total=len(todo), desc=writer.meta["producer"]["name"], unit="img",
                disable=not progress, initial=0)
     with stop_at_batch_boundary() as state, bar:
         for batch in loader:
             records = model(batch) if batch["image_ids"] else []
-            writer.write(list(zip(batch["image_ids"], records)), batch["skipped"])
+            skipped = [(i, f"{paths[int(i)]}: {reason}") for i, reason in batch["skipped"]]
+            writer.write(list(zip(batch["image_ids"], records)), skipped)
             report.extracted += len(records)
-            report.skipped += batch["skipped"]
+            report.skipped += skipped
             bar.update(len(batch["image_ids"]) + len(batch["skipped"]))
             bar.set_postfix(skipped=len(report.skipped), refresh=False)
             if state["stop"]:

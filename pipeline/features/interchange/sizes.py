@@ -19,6 +19,8 @@ class ImageSizes:
         from PIL import Image, UnidentifiedImageError
 
         path = self.root / self.relpaths[image_id]
+        if not path.is_file():  # a FIFO or a device would block Image.open
+            raise BadRow(f"its image {path} is missing or not a regular file")
         try:
             with Image.open(path) as image:
                 width, height = image.size

@@ -1,0 +1,183 @@
+"""What a hostile or careless user broke, written as the repros, kept fixed.
+
+Each test starts from the situation the report describes (real files, real
+processes) and checks the message, the exit status and that no data is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.captions.prepared import load_captions
+from pipeline.core.errors import CapstackError
+from pipeline.demo.shapes import write_shapes_dataset
+from pipeline.features.stores import open_store
+from trainer.config import load_experiment
+from trainer.train import train
+from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+
+CAPSTACK = str(Path(sys.executable).with_name("capstack"))  # the installed entry point
+PLANTED = 'open("PWNED", "w").write("ran")\n'
+
+
+def capstack(*args, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([CAPSTACK, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          **kw)
+
+
+def plant_modules(folder: Path) -> None:
+    """Modules capstack imports by name, planted where a careless user works."""
+    for name in ("click.py", "cli.py", "yaml.py"):
+        (folder / name).write_text(PLANTED)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hardening")
+    dataset, prepared = make_prepared(root)
+    ids = load_captions(prepared).image_ids
+    grid = write_feature_store(root / "grid.lmdb", ids, kind="grid", image_root=dataset.parent)
+    return root, prepared, grid
+
+
+# -- 1. code from the working folder -------------------------------------------------------
+
+def test_a_stage_never_runs_modules_lying_in_the_working_folder(tmp_path):
+    (tmp_path / "stages.yaml").write_text(yaml.safe_dump({"stages": {"shapes": {
+        "cmd": "capstack shapes data/shapes --train 4 --val 2 --test 2 --size 32",
+        "outs": ["data/shapes"]}}}))
+    plant_modules(tmp_path)
+    result = capstack("run", "shapes", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "data/shapes/dataset_shapes.json").is_file()
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_processes_never_run_modules_lying_in_the_working_folder(tmp_path):
+    write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=1, n_test=1, seed=0, size=32)
+    plant_modules(tmp_path)
+    result = capstack("extract-grid", "shapes/dataset_shapes.json", "shapes", "--backbone",
+                      "resnet18", "--weights", "random", "--image-size", "64", "--grid", "2",
+                      "--workers", "0", "--features-root", "features", "--nproc", "2",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "features").glob("grid-resnet18-*.lmdb"))
+    assert not (tmp_path / "PWNED").exists()
+
+
+# -- 2. two trainings into one run folder --------------------------------------------------
+
+def test_a_second_training_into_a_busy_run_folder_is_refused_naming_the_holder(data, tmp_path):
+    _, prepared, grid = data
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=10_000)
+    first = subprocess.Popen([CAPSTACK, "train", str(exp), "--out", "runs/x"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        lock = tmp_path / "runs" / "x.lock"
+        deadline = time.time() + 120
+        while not (lock.is_file() and lock.read_text() and (tmp_path / "runs/x/config.json")
+                   .is_file()):
+            assert first.poll() is None and time.time() < deadline, "the first training ended"
+            time.sleep(0.2)
+        second = capstack("train", exp, "--out", "runs/x", "--set", "train.lr=0.1", cwd=tmp_path)
+        assert second.returncode != 0
+        assert f"training into runs/x is already running: held by pid {first.pid}" in \
+            second.stderr, second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert json.loads((tmp_path / "runs/x/config.json").read_text())["train"]["lr"] == 5e-3
+
+
+# -- 9. --restart-on-change deletes data ---------------------------------------------------
+
+def test_a_second_restart_keeps_the_first_old_run(data, tmp_path):
+    _, prepared, grid = data
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="gru_init", captions=prepared,
+                           features=[grid], epochs=1)
+    for hidden in (32, 16, 8):
+        train(load_experiment(exp, [f"decoder.hidden={hidden}"]), tmp_path / "run",
+              progress=False, restart_on_change=True)
+    kept = {p.name: load_experiment_hidden(p) for p in tmp_path.glob("run*") if p.is_dir()}
+    assert kept == {"run": 8, "run.old": 32, "run.old.2": 16}
+    with pytest.raises(CapstackError, match="decoder.hidden"):
+        train(load_experiment(exp, ["decoder.hidden=4"]), tmp_path / "run", progress=False)
+
+
+def load_experiment_hidden(run: Path) -> int:
+    return json.loads((run / "config.json").read_text())["decoder"]["hidden"]
+
+
+# -- 3. images that are no files -------------------------------------------------------------
+
+def test_a_fifo_or_a_device_as_an_image_is_skipped_not_read(tmp_path):
+    write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=1, n_test=1, seed=0, size=32)
+    dataset = tmp_path / "shapes" / "dataset_shapes.json"
+    data = json.loads(dataset.read_text())
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    os.mkfifo(odd / "fifo.png")
+    (odd / "zero.png").symlink_to("/dev/zero")
+    for k, name in enumerate(["fifo.png", "zero.png"]):
+        data["images"][k].update(filepath=str(odd), filename=name)
+    dataset.write_text(json.dumps(data))
+    result = capstack("extract-grid", dataset, tmp_path / "shapes", "--backbone", "resnet18",
+                      "--weights", "random", "--image-size", "64", "--grid", "2", "--workers",
+                      "0", "--features-root", "features", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    store = open_store(next((tmp_path / "features").glob("grid-resnet18-*.lmdb")))
+    assert len(store) == 4
+    skipped = store.meta["skipped"]
+    assert set(skipped) == {str(data["images"][0]["imgid"]), str(data["images"][1]["imgid"])}
+    assert skipped[str(data["images"][0]["imgid"])].startswith(f"{odd / 'fifo.png'}: ")
+    assert all("not a regular file" in why for why in skipped.values()), skipped  # 11: the file
+
+
+# -- 8. an empty validation split ----------------------------------------------------------
+
+def test_an_empty_validation_split_is_refused_before_the_first_step(tmp_path):
+    dataset, prepared = make_prepared(tmp_path, n_val=0)
+    grid = write_feature_store(tmp_path / "grid.lmdb", load_captions(prepared).image_ids,
+                               kind="grid", image_root=dataset.parent)
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=1)
+    result = capstack("train", exp, "--out", "runs/x", cwd=tmp_path)
+    assert result.returncode != 0
+    assert f"{prepared}: the val split has no images" in result.stderr, result.stderr
+    assert not (tmp_path / "runs" / "x").exists()  # 11: no empty run folder left behind
+
+
+# -- 5. a valid but extreme image ------------------------------------------------------------
+
+def test_a_1x10000_image_is_skipped_with_its_reason_and_the_extraction_goes_on(tmp_path):
+    from PIL import Image
+
+    write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=1, n_test=1, seed=0, size=32)
+    dataset = tmp_path / "shapes" / "dataset_shapes.json"
+    data = json.loads(dataset.read_text())
+    Image.new("RGB", (10000, 1), (200, 30, 30)).save(tmp_path / "strip.png")
+    data["images"][0].update(filepath=str(tmp_path), filename="strip.png")
+    dataset.write_text(json.dumps(data))
+    args = ["extract-regions", dataset, tmp_path / "shapes", "--arch", "c5", "--backbone",
+            "resnet18", "--weights", "random", "--num-classes", "3", "--min-boxes", "2",
+            "--max-boxes", "3", "--min-size", "64", "--max-size", "128", "--workers", "0",
+            "--features-root", "features"]
+    for _ in range(2):  # a rerun meets the same image, and goes on again
+        result = capstack(*args, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    store = open_store(next((tmp_path / "features").glob("*.lmdb")))
+    assert len(store) == 5
+    reason = store.meta["skipped"][str(data["images"][0]["imgid"])]
+    assert "too thin for the detector: 10000x1" in reason and "strip.png" in reason, reason
