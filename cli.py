@@ -557,14 +557,21 @@ def inspect_cmd(store, fmt, as_json):
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--dataset", "dataset_json", required=True,
               type=click.Path(dir_okay=False, path_type=Path))
-def verify_cmd(store, dataset_json):
-    """Check that STORE holds a record for every image of the dataset."""
-    from pipeline.features.catalog import verify_store
+@click.option("--deep", is_flag=True,
+              help="Also read every record and check that no value is NaN or infinite.")
+def verify_cmd(store, dataset_json, deep):
+    """Check that STORE holds a record for every image of the dataset (and, with --deep, that
+    every record reads and holds finite values)."""
+    from pipeline.features.catalog import check_every_record, verify_store
     from pipeline.features.stores.pointer import read_pointer
 
-    result = verify_store(read_pointer(store), dataset_json)
+    path = read_pointer(store)
+    result = verify_store(path, dataset_json)
     click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
                f"({result['skipped']} skipped when the store was made, reported by training)")
+    if deep:
+        read = check_every_record(path)
+        click.echo(f"{result['store']}: all {read} records read, every value finite")
 
 
 @main.command("stores")

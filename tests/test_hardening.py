@@ -181,3 +181,85 @@ def test_a_1x10000_image_is_skipped_with_its_reason_and_the_extraction_goes_on(t
     assert len(store) == 5
     reason = store.meta["skipped"][str(data["images"][0]["imgid"])]
     assert "too thin for the detector: 10000x1" in reason and "strip.png" in reason, reason
+
+
+# -- 6. a truncated LMDB store -----------------------------------------------------------------
+
+def test_a_truncated_lmdb_store_is_named_not_a_sigbus(tmp_path):
+    root = tmp_path / "features"
+    root.mkdir()
+    ids = list(range(400))
+    damaged = write_feature_store(root / "grid-a.lmdb", ids, kind="grid", rows=49, dim=256)
+    whole = write_feature_store(root / "grid-b.lmdb", ids[:5], kind="grid", fingerprint="c0ffee")
+    data = damaged / "data.mdb"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=1, n_test=1, seed=0, size=32)
+    for verb in (["inspect"], ["verify", "--dataset", tmp_path / "shapes/dataset_shapes.json"]):
+        result = capstack(*verb, damaged, cwd=tmp_path)  # a subprocess: a SIGBUS fails the test
+        assert result.returncode == 1, (verb, result.returncode, result.stderr)
+        assert f"{data}: truncated LMDB store" in result.stderr, result.stderr
+    listing = capstack("stores", "--features-root", root, cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    assert "truncated LMDB store" in listing.stdout and whole.name in listing.stdout
+
+
+# -- 4. NaN and flipped bytes ----------------------------------------------------------------
+
+def test_a_checkpoint_with_flipped_bytes_is_refused(data, tmp_path):
+    import torch
+
+    from trainer.checkpoint import load_checkpoint
+
+    _, prepared, grid = data
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=1)
+    train(load_experiment(exp), tmp_path / "run", progress=False)
+    path = tmp_path / "run" / "last.pt"
+    weight = max(load_checkpoint(path)["model"].values(), key=lambda t: t.numel())
+    raw = bytearray(path.read_bytes())
+    at = raw.find(weight.reshape(-1)[:8].numpy().tobytes())
+    assert at > 0
+    raw[at + 5] ^= 0x10  # one bit of one weight
+    path.write_bytes(bytes(raw))
+    assert torch.load(path, weights_only=True)  # torch itself reads it without complaint
+    for args in (["evaluate", path, "--out", tmp_path / "eval"],
+                 ["train", exp, "--out", tmp_path / "run", "--set", "train.epochs=2"]):
+        result = capstack(*args, cwd=tmp_path)
+        assert result.returncode == 1 and f"{path}: damaged checkpoint" in result.stderr, \
+            result.stderr
+
+
+def test_nan_in_a_store_fails_verify_deep_and_stops_training_naming_the_images(data, tmp_path):
+    import shutil
+
+    import lmdb
+    import numpy as np
+
+    from pipeline.features.stores import open_store
+    from pipeline.features.stores.lmdb import _record_key
+
+    root, prepared, grid = data
+    poisoned = tmp_path / "grid-nan.lmdb"
+    shutil.copytree(grid, poisoned)
+    ids = [int(i) for i in open_store(grid).ids()]
+    first = open_store(grid).get(ids[0]).features
+    env = lmdb.open(str(poisoned), subdir=True)
+    with env.begin(write=True) as txn:  # bytes changed behind capstack's back
+        raw = bytearray(txn.get(_record_key(ids[0])))
+        at = raw.find(first[0].tobytes())
+        raw[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+        txn.put(_record_key(ids[0]), bytes(raw))
+    env.close()
+    dataset = root / "shapes" / "dataset_shapes.json"
+    assert capstack("verify", poisoned, "--dataset", dataset, cwd=tmp_path).returncode == 0
+    deep = capstack("verify", poisoned, "--dataset", dataset, "--deep", cwd=tmp_path)
+    assert deep.returncode == 1
+    assert f"{poisoned}: image {ids[0]}: features: 1 of" in deep.stderr, deep.stderr
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[poisoned], epochs=2)
+    result = capstack("train", exp, "--out", "run", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "run: the loss is nan at step" in result.stderr and str(ids[0]) in result.stderr, \
+        result.stderr
+    assert not (tmp_path / "run" / "last.pt").exists()

@@ -6,11 +6,13 @@ weights and the optimiser, scheduler and objective states that make a resume
 exact. Resuming or evaluating against stores, a vocabulary or a decoder config
 other than the checkpoint's is refused, naming the field and both values.
 Checkpoints of the first format (flat experiment files) are read through
-:func:`upgrade`.
+:func:`upgrade`. Every checkpoint carries a sha256 of its content, checked on
+load (:func:`content_digest`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ from pipeline.core.errors import CapstackError
 
 FORMAT = "capstack-checkpoint-2"
 FIRST_FORMAT = "capstack-checkpoint-1"  # flat experiment: decoder_config, train.objective
+DIGEST = "content_sha256"  # what content_digest gave at save time
 
 
 def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: list[dict]) -> dict:
@@ -51,9 +54,34 @@ def _differences(old, new, prefix: str):
         yield prefix, old, new
 
 
+def content_digest(value, h=None) -> str:
+    """sha256 of everything a payload holds: tensors by dtype, shape and bytes, dict entries
+    in key order, other leaves by repr. Stored in the checkpoint and recomputed on load, since
+    torch.load reads a checkpoint with flipped bytes without complaint."""
+    top = h is None
+    h = hashlib.sha256() if top else h
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)}".encode())
+        for key in sorted(value, key=repr):
+            h.update(repr(key).encode())
+            content_digest(value[key], h)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)}".encode())
+        for item in value:
+            content_digest(item, h)
+    else:
+        h.update(f"V{value!r}".encode())
+    return h.hexdigest() if top else ""
+
+
 def save_checkpoint(path: Path, payload: dict) -> None:
+    payload = {"format": FORMAT, **{k: v for k, v in payload.items() if k != DIGEST}}
     with atomic_file(path) as tmp:
-        torch.save({"format": FORMAT, **payload}, tmp)
+        torch.save({**payload, DIGEST: content_digest(payload)}, tmp)
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -68,6 +96,11 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CapstackError(f"{path}: not a readable checkpoint ({error})") from None
     if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FIRST_FORMAT):
         raise CapstackError(f"{path}: not a capstack checkpoint (no {FORMAT!r} format tag)")
+    saved_digest = payload.pop(DIGEST, None)  # checkpoints before checksums have none
+    if saved_digest is not None and content_digest(payload) != saved_digest:
+        raise CapstackError(f"{path}: damaged checkpoint: its content does not match the "
+                            f"checksum saved with it (flipped or overwritten bytes); use another "
+                            f"checkpoint (best.pt, last.pt) or train again")
     payload["path"] = str(path)
     return upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
 

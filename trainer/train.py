@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
@@ -301,6 +302,7 @@ class Run:
         self.model.train()
         for batch in self.batches.epoch(self.epoch, self.batch):
             losses = self.train_step(batch)
+            self.stop_unless_finite(losses["loss"], batch)
             self.batch += 1
             self.step += 1
             bar.update(1)
@@ -311,6 +313,20 @@ class Run:
             if t.checkpoint_every and self.step % t.checkpoint_every == 0:
                 self.save("last.pt")
         bar.close()
+
+    def stop_unless_finite(self, loss: float, batch) -> None:
+        """Stop at a non-finite loss (the global batch's: every rank agrees), before anything
+        is saved: the checkpoints on disk stay the last good ones."""
+        if math.isfinite(loss):
+            return
+        ids = batch.image_ids if not self.ranks.distributed else f"{batch.image_ids} (rank " \
+            f"{self.ranks.rank}'s part)"
+        kept = [name for name in ("last.pt", "best.pt") if (self.out_dir / name).is_file()]
+        raise CapstackError(
+            f"{self.out_dir}: the loss is {loss} at step {self.step + 1} (epoch {self.epoch + 1}, "
+            f"batch {self.batch + 1}) on images {ids}; training stopped, "
+            + (f"{' and '.join(kept)} kept as they were" if kept else "no checkpoint written")
+            + ": check those images' features (capstack verify --deep), or lower train.lr")
 
     def validate(self) -> float:
         return validate(self.model, self.captions, self.features, self.device,

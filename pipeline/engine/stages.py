@@ -26,9 +26,9 @@ from typing import Callable, Iterable, Mapping
 import yaml
 
 from pipeline.core.atomic import atomic_file
+from pipeline.core.entry import capstack_command
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
-from pipeline.core.entry import capstack_command
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import code_files, project_root
 from pipeline.engine.stagefile import Stage, StagesFile

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores import open_store
@@ -24,6 +26,25 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
             f"{len(dataset.images)} images missing; was it made from another dataset?)")
     n_skipped = sum(str(im.image_id) in skipped for im in dataset.images)
     return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped}
+
+
+def check_every_record(store_path: str | Path, progress: bool = True) -> int:
+    """Read every record of the store; raise naming the first whose floating-point fields hold
+    NaN or infinity (training on it would give a NaN loss, or a model that learned nothing).
+    The number of records read."""
+    from tqdm import tqdm
+
+    store = open_store(store_path)
+    ids = store.ids()
+    for image_id in tqdm(ids, desc=f"verify {store.path.name}", unit="record",
+                         disable=not progress):
+        record = store.get(int(image_id))
+        for name, values in record.fields.items():
+            if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+                bad = int((~np.isfinite(values)).sum())
+                raise CapstackError(f"{store.path}: image {int(image_id)}: {name}: {bad} of "
+                                    f"{values.size} values are NaN or infinite")
+    return len(ids)
 
 
 def size_bytes(path: Path) -> int:

@@ -23,12 +23,14 @@ from __future__ import annotations
 import json
 import os
 import struct
+from pathlib import Path
 
 import lmdb
 import numpy as np
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
+from pipeline.features.stores.lmdb_pages import check_complete
 from pipeline.features.stores.schema import Schema
 
 _HEADER = struct.Struct("<iiii")
@@ -70,6 +72,8 @@ class LmdbWriter(StoreWriter):
     def __init__(self, path, meta):
         super().__init__(path, meta)
         resuming = self.partial.exists()
+        if resuming and (self.partial / "data.mdb").is_file():
+            check_complete(self.partial / "data.mdb")
         self._env = lmdb.open(str(self.partial), map_size=_MAP_SIZE, subdir=True)
         if resuming:
             self._resume()
@@ -131,6 +135,7 @@ class _EnvCache:
             self.envs, self.pid = {}, os.getpid()
         env = self.envs.get(path)
         if env is None:
+            check_complete(Path(path) / "data.mdb")  # a short file would end the process (SIGBUS)
             env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True,
                             max_readers=4096)
             self.envs[path] = env

@@ -15,12 +15,14 @@ import lmdb
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats.base import SourceRow, Step
 from pipeline.features.stores import Record
+from pipeline.features.stores.lmdb_pages import check_complete
 
 DecodeValue = Callable[[str, bytes, str], Record]  # key, value, where -> record
 
 
 def open_lmdb(path: Path) -> lmdb.Environment:
     """A read-only environment of ``path``: a folder (data.mdb) or a single file."""
+    check_complete(data_file(path))  # a short file would end the process (SIGBUS)
     try:
         return lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
                          readahead=False, max_readers=8)
