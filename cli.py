@@ -589,6 +589,8 @@ def stores_cmd(features_root):
     click.echo(f"stores under {root}:")
     for r in rows:
         click.echo(f"  {r['name']}  {r['kind']}  {r['count']} records  {r['size_mb']:.1f} MB")
+        if r.get("problem"):
+            click.echo(f"      problem: {r['problem']}")
         for user in r["users"]:
             click.echo(f"      used by {user}")
 

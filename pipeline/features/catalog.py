@@ -75,7 +75,7 @@ def list_stores(root: Path) -> list[dict]:
             row.update(kind=store.schema.describe(), count=len(store))
             store.close()
         except CapstackError as e:
-            row.update(kind="unreadable", count=0, users=[str(e)])
+            row.update(kind="unreadable", count=0, problem=str(e))
         rows.append(row)
     for path in sorted(root.glob("*.partial")):
         rows.append({"name": path.name, "kind": "unfinished", "count": 0,
