@@ -13,6 +13,16 @@ import click
 
 from pipeline.core.errors import CapstackError
 
+# Bounds on the sizes a user gives, checked by click before any work starts (its message names
+# the bound): past them a command would exhaust memory (a 20000-pixel side grew a worker to
+# 23 GB; --max-len 1e8 asked for 112 GiB) or build something that cannot train (--grid 0).
+MAX_SIDE = 2048  # pixels of a resized image's side
+MAX_CAPTION_WORDS = 1000
+MAX_BATCH = 4096
+MAX_WORKERS = 64
+MAX_BOXES = 1000
+MAX_IMAGES = 10_000_000
+
 
 class CapstackGroup(click.Group):
     """Turns a :class:`CapstackError` into one line on stderr and a non-zero exit."""
@@ -73,11 +83,15 @@ def stage_commands() -> dict[str, str]:
 # -- data ------------------------------------------------------------------------------
 @stage_command("shapes", code="pipeline.demo.shapes")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--train", "n_train", default=3000, show_default=True, help="Training images.")
-@click.option("--val", "n_val", default=250, show_default=True, help="Validation images.")
-@click.option("--test", "n_test", default=250, show_default=True, help="Test images.")
+@click.option("--train", "n_train", default=3000, show_default=True, help="Training images.",
+              type=click.IntRange(0, MAX_IMAGES))
+@click.option("--val", "n_val", default=250, show_default=True, help="Validation images.",
+              type=click.IntRange(0, MAX_IMAGES))
+@click.option("--test", "n_test", default=250, show_default=True, help="Test images.",
+              type=click.IntRange(0, MAX_IMAGES))
 @click.option("--seed", default=0, show_default=True, help="Random seed; same seed, same files.")
-@click.option("--size", default=128, show_default=True, help="Image side in pixels.")
+@click.option("--size", default=128, show_default=True, help="Image side in pixels.",
+              type=click.IntRange(16, 1024))
 def shapes(out_dir, n_train, n_val, n_test, seed, size):
     """Draw the shapes dataset: OUT_DIR/images/ and OUT_DIR/dataset_shapes.json (Karpathy format)."""
     from pipeline.demo.shapes import write_shapes_dataset
@@ -94,7 +108,8 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size):
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--min-count", default=5, show_default=True,
               help="Words seen fewer times in the train split become <unk>.")
-@click.option("--max-len", default=16, show_default=True, help="Captions are truncated to this.")
+@click.option("--max-len", default=16, show_default=True, help="Captions are truncated to this.",
+              type=click.IntRange(1, MAX_CAPTION_WORDS))
 def prepare(dataset_json, out_dir, min_count, max_len):
     """Karpathy-format json -> vocabulary, captions HDF5, COCO-format references per split."""
     from pipeline.captions.prepare import prepare_captions
@@ -123,8 +138,10 @@ def _store_options(func):
                      help="Also write a small json naming the store (a stage's out)."),
         click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
                      show_default=True),
-        click.option("--batch", "batch_size", default=16, show_default=True),
-        click.option("--workers", default=2, show_default=True, help="Image decoding processes."),
+        click.option("--batch", "batch_size", default=16, show_default=True,
+                     type=click.IntRange(1, MAX_BATCH)),
+        click.option("--workers", default=2, show_default=True, help="Image decoding processes.",
+                     type=click.IntRange(0, MAX_WORKERS)),
         click.option("--device", default=None, help="cuda, cpu, cuda:1 ... [cuda if available; "
                                                     "under torchrun cuda:LOCAL_RANK]"),
     ]):
@@ -154,8 +171,9 @@ def _report_job(result) -> None:
               help="resnet18/34/50/101/152 (torchvision), or resnet10 (small, for demos).")
 @click.option("--weights", default=None,
               help="torchvision state_dict file, or 'random' [torchvision's cache location].")
-@click.option("--image-size", default=448, show_default=True)
-@click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.")
+@click.option("--image-size", default=448, show_default=True, type=click.IntRange(32, MAX_SIDE))
+@click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.",
+              type=click.IntRange(1, 64))
 @click.option("--layer", type=click.Choice(["layer3", "layer4"]), default="layer4",
               show_default=True,
               help="The ResNet stage whose map is pooled: layer4 (stride 32; Stack-Cap's 14x14x2048 "
@@ -194,12 +212,13 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
               default="auto", show_default=True)
 @click.option("--boxes", type=click.Choice(["detect", "given"]), default="detect",
               show_default=True, help="given: pool the boxes of the dataset json's 'boxes'.")
-@click.option("--min-boxes", default=10, show_default=True)
-@click.option("--max-boxes", default=100, show_default=True)
+@click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(0, MAX_BOXES))
+@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1, MAX_BOXES))
 @click.option("--conf-thresh", default=0.2, show_default=True)
 @click.option("--nms-thresh", default=0.3, show_default=True)
-@click.option("--min-size", default=600, show_default=True, help="Images resized to this shorter side.")
-@click.option("--max-size", default=1000, show_default=True)
+@click.option("--min-size", default=600, show_default=True, type=click.IntRange(32, MAX_SIDE),
+              help="Images resized to this shorter side.")
+@click.option("--max-size", default=1000, show_default=True, type=click.IntRange(32, MAX_SIDE))
 @click.option("--num-classes", default=91, show_default=True,
               help="fpn/c4/c5: classes incl. background (COCO 91); bottom-up reads them from "
                    "its checkpoint.")
@@ -311,9 +330,11 @@ def formats_cmd():
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--backbone", default="resnet10", show_default=True)
-@click.option("--crop-size", default=64, show_default=True, help="Object crops are resized to this.")
-@click.option("--epochs", default=4, show_default=True)
-@click.option("--batch", "batch_size", default=64, show_default=True)
+@click.option("--crop-size", default=64, show_default=True, type=click.IntRange(16, MAX_SIDE),
+              help="Object crops are resized to this.")
+@click.option("--epochs", default=4, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--batch", "batch_size", default=64, show_default=True,
+              type=click.IntRange(1, MAX_BATCH))
 @click.option("--lr", default=1e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epochs, batch_size,
@@ -337,11 +358,12 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
               help="The box entry naming its object class (shapes: label or shape).")
 @click.option("--attribute-key", default="color", show_default=True,
               help="The box entry naming its attribute ('' for no attribute head).")
-@click.option("--image-size", default=256, show_default=True,
+@click.option("--image-size", default=256, show_default=True, type=click.IntRange(32, MAX_SIDE),
               help="Images resized to this shorter side (and longer at most).")
 @click.option("--width", default=8, show_default=True, help="The ResNet stem's width (VG: 64).")
-@click.option("--epochs", default=4, show_default=True)
-@click.option("--batch", "batch_size", default=8, show_default=True)
+@click.option("--epochs", default=4, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--batch", "batch_size", default=8, show_default=True,
+              type=click.IntRange(1, MAX_BATCH))
 @click.option("--lr", default=2e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, image_size,
@@ -431,9 +453,10 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
               help="Where results, metrics.json and figures go [RUN/eval].")
 @click.option("--split", type=click.Choice(["train", "val", "test"]), default=None,
               help="[the experiment's eval.split]")
-@click.option("--beam", "beam_size", type=int, default=None,
+@click.option("--beam", "beam_size", type=click.IntRange(1, 100), default=None,
               help="Beam size [the experiment's eval.beam_size].")
-@click.option("--max-len", type=int, default=None, help="[the experiment's eval.max_len]")
+@click.option("--max-len", type=click.IntRange(1, MAX_CAPTION_WORDS), default=None,
+              help="[the experiment's eval.max_len]")
 @click.option("--figures", type=int, default=None,
               help="Attention figures of the first N images [the experiment's eval.figures].")
 @click.option("--device", default="auto", show_default=True)
@@ -469,8 +492,9 @@ def _echo_scores(scores: dict) -> None:
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--attention", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw the attention per word to this PNG (IMAGE_k suffixes for several images).")
-@click.option("--beam", "beam_size", default=5, show_default=True)
-@click.option("--max-len", default=16, show_default=True)
+@click.option("--beam", "beam_size", default=5, show_default=True, type=click.IntRange(1, 100))
+@click.option("--max-len", default=16, show_default=True,
+              type=click.IntRange(1, MAX_CAPTION_WORDS))
 @click.option("--device", default="auto", show_default=True)
 def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
     """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores."""

@@ -263,3 +263,43 @@ def test_nan_in_a_store_fails_verify_deep_and_stops_training_naming_the_images(d
     assert "run: the loss is nan at step" in result.stderr and str(ids[0]) in result.stderr, \
         result.stderr
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+# -- 7. sizes without bounds ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, bound", [
+    (["extract-grid", "d.json", ".", "--image-size", "20000"], "20000 is not in the range "
+                                                               "32<=x<=2048"),
+    (["prepare", "d.json", "out", "--max-len", "100000000"], "100000000 is not in the range "
+                                                             "1<=x<=1000"),
+    (["extract-grid", "d.json", ".", "--grid", "0"], "0 is not in the range 1<=x<=64"),
+    (["extract-regions", "d.json", ".", "--batch", "0"], "0 is not in the range 1<=x<=4096"),
+    (["extract-grid", "d.json", ".", "--workers", "-1"], "-1 is not in the range 0<=x<=64"),
+])
+def test_every_size_a_user_gives_has_a_bound_named_before_work_starts(tmp_path, args, bound):
+    result = capstack(*args, cwd=tmp_path)
+    assert result.returncode == 2 and bound in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing started
+
+
+def test_a_yaml_alias_bomb_in_a_stages_file_is_refused_at_once(tmp_path):
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 10)}]" for k in range(1, 9)]
+    (tmp_path / "stages.yaml").write_text("\n".join(levels) + "\nstages:\n  s:\n    foreach: *a8\n"
+                                          "    do: {cmd: capstack shapes out}\n")
+    started = time.perf_counter()
+    result = capstack("stages", cwd=tmp_path)
+    assert time.perf_counter() - started < 30 and len(result.stderr) < 1000
+    assert result.returncode == 1 and "more than 100000 values once its YAML aliases are " \
+        "expanded" in result.stderr, result.stderr[:500]
+
+
+def test_a_stage_declared_twice_or_a_non_utf8_stages_file_is_named(tmp_path):
+    stage = "  s:\n    cmd: capstack shapes out\n    outs: [out]\n"
+    (tmp_path / "stages.yaml").write_text("stages:\n" + stage + stage)
+    result = capstack("stages", cwd=tmp_path)
+    assert result.returncode == 1 and "the key 's' appears twice" in result.stderr, result.stderr
+    (tmp_path / "stages.yaml").write_bytes(b"stages:\n  s:\n    cmd: capstack shapes caf\xe9\n")
+    result = capstack("stages", cwd=tmp_path)
+    assert result.returncode == 1 and "stages.yaml: not UTF-8 text (byte 41 is 0xe9)" in \
+        result.stderr, result.stderr

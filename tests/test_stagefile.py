@@ -62,8 +62,8 @@ BAD_FILES = {
     "empty foreach": (GOOD + "  copies:\n    foreach: []\n    do: {cmd: capstack prepare x y}\n",
                       ["stages.copies.foreach: expected a non-empty list"]),
     "foreach name taken": (
-        GOOD + "  prepare@a:\n    cmd: capstack prepare x y\n"
-               "  prepare:\n    foreach: [a]\n    do: {cmd: capstack prepare x y}\n",
+        GOOD + "  copies@a:\n    cmd: capstack prepare x y\n"
+               "  copies:\n    foreach: [a]\n    do: {cmd: capstack prepare x y}\n",
         ["declared twice"]),
     "nproc not a count": (GOOD.replace("    params: {min_count: 2}", "    nproc: 0\n    params: {min_count: 2}"),
                           ["stages.prepare.nproc: expected a positive number of processes, got 0"]),

@@ -180,15 +180,52 @@ def load_stages_file(path: str | os.PathLike, commands: Iterable[str],
     return sf
 
 
+MAX_VALUES = 100_000  # values of a stages file once its YAML aliases are expanded
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (YAML keeps the last silently,
+    so a second stage of the same name would replace the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _count_values(value, budget: int) -> int:
+    """The values below ``value`` as a walk meets them (an alias once per use), stopping past
+    ``budget``: a YAML alias bomb is refused in as many steps as the budget."""
+    count, stack = 0, [value]
+    while stack and count <= budget:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
 def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CapstackError(f"{path}: stages file not found") from None
+    except UnicodeDecodeError as e:
+        raise CapstackError(f"{path}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#x})"
+                            ) from None
     except OSError as e:
         raise CapstackError(f"{path}: cannot read stages file ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -196,6 +233,9 @@ def _read_yaml(path: Path) -> dict:
         raise CapstackError(f"{path}: not valid YAML{at}: {problem}") from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping with a 'stages' key")
+    if _count_values(data, MAX_VALUES) > MAX_VALUES:
+        raise CapstackError(f"{path}: more than {MAX_VALUES} values once its YAML aliases are "
+                            f"expanded (an alias bomb?); a stages file is far smaller")
     _refuse_unknown_keys(path, "", data, _TOP_KEYS)
     return data
 
