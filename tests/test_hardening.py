@@ -303,3 +303,51 @@ def test_a_stage_declared_twice_or_a_non_utf8_stages_file_is_named(tmp_path):
     result = capstack("stages", cwd=tmp_path)
     assert result.returncode == 1 and "stages.yaml: not UTF-8 text (byte 41 is 0xe9)" in \
         result.stderr, result.stderr
+
+
+# -- 10. damaged caches and records ------------------------------------------------------------
+
+def test_a_damaged_lock_file_or_hash_cache_is_set_aside_and_said(tmp_path):
+    (tmp_path / "stages.yaml").write_text(yaml.safe_dump({"stages": {"shapes": {
+        "cmd": "capstack shapes data/shapes --train 4 --val 2 --test 2 --size 32",
+        "outs": ["data/shapes"]}}}))
+    assert capstack("run", "shapes", cwd=tmp_path).returncode == 0
+    lock, cache = tmp_path / "stages.lock", tmp_path / ".capstack" / "hashes.sqlite"
+    damaged_lock = b"stages: {shapes: [unclosed\n\xff"
+    lock.write_bytes(damaged_lock)
+    cache.write_bytes(b"not a database, just bytes" * 100)
+    result = capstack("stages", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "stages.lock: damaged lock file (not UTF-8 text); moved to" in result.stderr
+    assert "hashes.sqlite: damaged hash cache" in result.stderr and "rebuilt" in result.stderr
+    assert (tmp_path / "stages.lock.damaged").read_bytes() == damaged_lock  # nothing lost
+    assert "never run" in result.stdout
+    again = capstack("run", "shapes", cwd=tmp_path)
+    assert again.returncode == 0 and "Running stage 'shapes'" in again.stdout, again.stderr
+    assert "up to date" in capstack("stages", cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("decoder.dropout=1.5", "exp.yaml: decoder.dropout: a probability, must be below 1, got 1.5"),
+    ("decoder.embed=-4", "exp.yaml: decoder.embed: must be from 1 to 65536, got -4"),
+    ("train.device=quantum", "exp.yaml: train.device: unknown device 'quantum'"),
+    ("train.lr=[", "--set 'train.lr=[': the value is not valid YAML"),
+])
+def test_a_bad_experiment_value_is_named_not_a_traceback(data, tmp_path, setting, message):
+    _, prepared, grid = data
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=1)
+    result = capstack("train", "exp.yaml", "--out", "run", "--set", setting, cwd=tmp_path)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+    exp.write_bytes(exp.read_bytes().replace(b"name:", b"n\xe4me:", 1))
+    result = capstack("train", "exp.yaml", "--out", "run", cwd=tmp_path)
+    assert result.returncode == 1 and "exp.yaml: not UTF-8 text (byte" in result.stderr
+
+
+def test_an_unknown_device_is_named(tmp_path):
+    write_shapes_dataset(tmp_path / "shapes", n_train=2, n_val=1, n_test=1, seed=0, size=32)
+    result = capstack("extract-grid", "shapes/dataset_shapes.json", "shapes", "--weights",
+                      "random", "--backbone", "resnet18", "--device", "potato", cwd=tmp_path)
+    assert result.returncode == 1 and "device: unknown device 'potato'" in result.stderr, \
+        result.stderr

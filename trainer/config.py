@@ -22,6 +22,7 @@ read ``FILE: section.key: problem``.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class TrainConfig:
             yield "lr: must be positive"
         if len(self.betas) != 2:
             yield "betas: expected two numbers"
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            yield f"device: unknown device {self.device!r} (auto, cpu, cuda, cuda:N, mps)"
 
 
 @dataclass
@@ -137,9 +140,14 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
     """Read an experiment yaml, apply ``section.key=value`` overrides, check everything."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CapstackError(f"{path}: experiment file not found") from None
+    except UnicodeDecodeError as error:
+        raise CapstackError(f"{path}: not UTF-8 text (byte {error.start} is "
+                            f"{error.object[error.start]:#x})") from None
+    except OSError as error:
+        raise CapstackError(f"{path}: cannot read ({error.strerror or error})") from None
     except yaml.YAMLError as error:
         raise CapstackError(f"{path}: not valid yaml ({error})") from None
     if not isinstance(data, dict):
@@ -167,7 +175,11 @@ def apply_override(data: dict, item: str, where: str, components=frozenset()) ->
     if not sep or not key:
         raise CapstackError(f"--set {item!r}: expected SECTION.KEY=VALUE")
     *parents, last = key.split(".")
-    parsed = yaml.safe_load(value) if value else ""
+    try:
+        parsed = yaml.safe_load(value) if value else ""
+    except yaml.YAMLError as error:
+        raise CapstackError(f"--set {item!r}: the value is not valid YAML "
+                            f"({getattr(error, 'problem', None) or error})") from None
     if len(parents) == 1 and parents[0] in components and last == "name":
         section = data.get(parents[0])
         if not isinstance(section, dict) or section.get("name") != parsed:

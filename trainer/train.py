@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 import pipeline
 from pipeline.captions.prepared import Captions, load_captions
-from pipeline.core.atomic import atomic_file
+from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
@@ -399,15 +399,6 @@ def run_folder_held(out_dir: Path, ranks: Ranks):
         if refusal:
             raise CapstackError(refusal)
         yield
-
-
-def unused_sibling(path: Path, suffix: str) -> Path:
-    """``<path><suffix>``, or ``<path><suffix>.2``, ``.3``... the first that does not exist."""
-    candidate, n = path.with_name(path.name + suffix), 1
-    while candidate.exists() or candidate.is_symlink():
-        n += 1
-        candidate = path.with_name(f"{path.name}{suffix}.{n}")
-    return candidate
 
 
 def record_experiment(out_dir: Path, experiment: dict) -> None:

@@ -18,6 +18,16 @@ def _temp_sibling(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def unused_sibling(path: Path, suffix: str) -> Path:
+    """``<path><suffix>``, or ``<path><suffix>.2``, ``.3``... the first that does not exist:
+    where something is set aside without replacing what was set aside before."""
+    candidate, n = path.with_name(path.name + suffix), 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}{suffix}.{n}")
+    return candidate
+
+
 def replace_path(src: Path, dst: Path) -> None:
     """Move ``src`` onto ``dst``; an existing ``dst`` (file or folder) is swapped out first."""
     if dst.exists() or dst.is_symlink():

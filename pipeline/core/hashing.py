@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import sqlite3
 import stat
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 _CHUNK = 1 << 20
+log = logging.getLogger(__name__)
 Progress = Callable[[int], None] | None  # told the bytes of each chunk read
 
 
@@ -97,14 +99,32 @@ class HashCache:
                 rows = con.execute("SELECT path, inode, mtime_ns, size, md5 FROM files").fetchall()
             finally:
                 con.close()
-        except sqlite3.DatabaseError:
-            return  # a damaged cache only costs a rehash
+        except sqlite3.DatabaseError as error:
+            self._start_afresh(error)  # a damaged cache only costs a rehash
+            return
         self._known = {p: (i, m, s, h) for p, i, m, s, h in rows}
+
+    def _start_afresh(self, error: Exception) -> None:
+        """Remove a damaged cache (it holds nothing that cannot be hashed again), and say so."""
+        log.warning("%s: damaged hash cache (%s); rebuilt: files are hashed again",
+                    self._db_path, error)
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            Path(f"{self._db_path}{suffix}").unlink(missing_ok=True)
+        self._known = {}
 
     def save(self) -> None:
         if not self._db_path or not self._fresh:
             return
         self._db_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_fresh()
+        except sqlite3.DatabaseError as error:  # damaged since it was read: once more, afresh
+            self._start_afresh(error)
+            self._write_fresh()
+        self._known.update(self._fresh)
+        self._fresh.clear()
+
+    def _write_fresh(self) -> None:
         con = self._connect()
         try:
             with con:
@@ -114,8 +134,6 @@ class HashCache:
                 )
         finally:
             con.close()
-        self._known.update(self._fresh)
-        self._fresh.clear()
 
     def __enter__(self) -> "HashCache":
         return self

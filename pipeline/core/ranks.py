@@ -84,7 +84,11 @@ class Ranks:
         name = requested or "auto"
         if name == "auto":
             name = "cuda" if torch.cuda.is_available() else "cpu"
-        device = torch.device(name)
+        try:
+            device = torch.device(name)
+        except (RuntimeError, ValueError, TypeError):
+            raise CapstackError(f"device: unknown device {requested!r} (auto, cpu, cuda, "
+                                f"cuda:N, mps)") from None
         if device.type == "cuda":
             if not torch.cuda.is_available():
                 raise CapstackError(f"device {requested!r} asked for, but no CUDA device is "

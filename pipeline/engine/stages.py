@@ -16,16 +16,18 @@ stage killed half way is never recorded as done.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import yaml
 
-from pipeline.core.atomic import atomic_file
+from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.entry import capstack_command
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
@@ -37,6 +39,7 @@ UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
 LOCK_SCHEMA = 1
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,23 @@ class StageStatus:
 
     def describe(self) -> str:
         return f"{self.state}: {'; '.join(self.reasons)}" if self.reasons else self.state
+
+
+def _is_lock_records(stages) -> bool:
+    """Whether a lock file's ``stages`` reads as records: each a mapping whose parts are the
+    types a status reads (a hand-edited or half-written file may hold anything)."""
+    if not isinstance(stages, dict):
+        return False
+    for record in stages.values():
+        if not isinstance(record, dict):
+            return False
+        if not all(isinstance(record.get(k) or {}, dict) for k in ("params", "code", "deps",
+                                                                     "outs")):
+            return False
+        if not all(isinstance(v or {}, dict) for k in ("deps", "outs")
+                   for v in (record.get(k) or {}).values()):
+            return False
+    return True
 
 
 def _param_changes(recorded: Mapping, current: Mapping) -> list[str]:
@@ -83,16 +103,30 @@ class Pipeline:
 
     # -- the record of past runs --------------------------------------------------------
     def _read_lock(self) -> dict:
+        """The stages' records; a damaged lock file is set aside (never deleted), said, and
+        read as empty: every stage then counts as never run."""
         try:
             text = self.lock_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {}
+        except UnicodeDecodeError:
+            return self._set_aside_damaged_lock("not UTF-8 text")
         try:
             data = yaml.load(text, Loader=_Loader) or {}
         except yaml.YAMLError as e:
-            raise CapstackError(f"{self.lock_path}: damaged lock file ({e}); delete it to "
-                                f"rerun every stage") from None
-        return data.get("stages", {}) if isinstance(data, dict) else {}
+            return self._set_aside_damaged_lock(f"not valid YAML: {getattr(e, 'problem', e)}")
+        stages = data.get("stages", {}) if isinstance(data, dict) else None
+        if not _is_lock_records(stages):
+            return self._set_aside_damaged_lock("not a mapping of stages to their records")
+        return stages
+
+    def _set_aside_damaged_lock(self, problem: str) -> dict:
+        kept = unused_sibling(self.lock_path, ".damaged")
+        with suppress(FileNotFoundError):  # another process set it aside first
+            os.replace(self.lock_path, kept)
+            log.warning("%s: damaged lock file (%s); moved to %s, and every stage counts as "
+                        "never run", self.lock_path, problem, kept)
+        return {}
 
     def _write_lock_entry(self, name: str, entry: dict) -> None:
         with waiting_lock(self.state_dir / "lockfile.flock"):

@@ -17,6 +17,8 @@ Shapes: N captions (or beams), L locations, D feature dim, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
@@ -26,6 +28,31 @@ from torch import Tensor, nn
 Context = dict[str, Tensor]
 State = tuple[Tensor, ...]
 WordFeed = Callable[[Tensor, Tensor], Tensor]  # (the caption's words at t, logits of t-1) -> inputs
+
+
+MAX_WIDTH = 65_536  # the largest size a decoder setting may ask for
+
+
+@dataclass
+class DecoderConfig:
+    """What every decoder's settings share, checked when an experiment is read (a bad value
+    is named, ``FILE: decoder.embed: ...``, before torch meets it): sizes are whole numbers
+    from 1 to :data:`MAX_WIDTH` (from 0 where the default is 0, meaning none), a dropout lies
+    in [0, 1), and every other number is finite and not negative."""
+
+    def check(self):
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if isinstance(value, int):
+                low = 0 if defaults.get(name) == 0 else 1
+                if not low <= value <= MAX_WIDTH:
+                    yield f"{name}: must be from {low} to {MAX_WIDTH}, got {value}"
+            elif not math.isfinite(value) or value < 0:
+                yield f"{name}: must be a finite number, 0 or more, got {value}"
+            elif "dropout" in name and value >= 1:
+                yield f"{name}: a probability, must be below 1, got {value}"
 
 
 @dataclass

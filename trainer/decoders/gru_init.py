@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, State
 from trainer.modules.pooling import masked_mean
 
 
 @dataclass
-class GRUInitConfig:
+class GRUInitConfig(DecoderConfig):
     embed: int = 512
     hidden: int = 512
     dropout: float = 0.5

@@ -43,7 +43,8 @@ from torch import Tensor, nn
 from pipeline.captions.vocab import BOS_ID
 from pipeline.core.errors import CapstackError
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderOutput, LossTerms, State, WordFeed
+from trainer.decoders.base import (Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State,
+                                   WordFeed)
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
 from trainer.modules.pooling import masked_mean
 from trainer.modules.sru import SRU, SRUCell
@@ -51,7 +52,7 @@ from trainer.modules.text_discriminator import TextDiscriminator, last_positions
 
 
 @dataclass
-class HACapConfig:
+class HACapConfig(DecoderConfig):
     embed: int = 256  # the WORKER's word embedding E
     worker: int = 512  # WORKER SRU units
     manager: int = 256  # MANAGER SRU units (the paper's 256)
@@ -64,12 +65,6 @@ class HACapConfig:
     discriminator_embed: int = 64
     discriminator: int = 128  # D's SRU units: the size of f and of the goals
     discriminator_layers: int = 3
-
-    def check(self):
-        for name in ("embed", "worker", "manager", "goal_size", "horizon", "att_hidden",
-                     "discriminator_embed", "discriminator", "discriminator_layers"):
-            if getattr(self, name) < 1:
-                yield f"{name}: must be at least 1, got {getattr(self, name)}"
 
 
 def goal_windows(goals: Tensor, horizon: int) -> Tensor:

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, State
 from trainer.modules.pooling import masked_mean
 
 
 @dataclass
-class ShowTellConfig:
+class ShowTellConfig(DecoderConfig):
     embed: int = 512
     hidden: int = 512
     layers: int = 1

@@ -20,13 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderOutput, LossTerms, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
 from trainer.modules.pooling import masked_mean
 
 
 @dataclass
-class SoftAttentionConfig:
+class SoftAttentionConfig(DecoderConfig):
     embed: int = 512
     hidden: int = 512
     att_hidden: int = 512

@@ -35,13 +35,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, DecoderOutput, LossTerms, StagedDecoder, State, WordFeed
+from trainer.decoders.base import (Context, DecoderConfig, DecoderOutput, LossTerms, StagedDecoder,
+                                   State, WordFeed)
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
 
 
 @dataclass
-class StackCapConfig:
+class StackCapConfig(DecoderConfig):
     embed: int = 512
     hidden: int = 512
     att_hidden: int = 512
@@ -49,10 +50,6 @@ class StackCapConfig:
     dropout: float = 0.5
     stacked: bool = True  # False: Stack-Cap*, an independent attention per stage
     feature_embed: int = 0  # > 0: V_n -> ReLU(W V_n) of this size first (modules/feature_embed.py)
-
-    def check(self):
-        if self.fine_stages < 1:
-            yield f"fine_stages: at least 1, got {self.fine_stages}"
 
 
 class FineAttention(nn.Module):

@@ -16,14 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, State
 from trainer.modules.attention import AdditiveAttention
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
 
 
 @dataclass
-class TopDownConfig:
+class TopDownConfig(DecoderConfig):
     embed: int = 512
     hidden: int = 512
     att_hidden: int = 512
