@@ -7,6 +7,7 @@ them, so ``capstack stages`` and a skipped ``capstack run`` start fast.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import click
@@ -24,16 +25,34 @@ MAX_BOXES = 1000
 MAX_IMAGES = 10_000_000
 
 
+class Terminated(CapstackError):
+    """SIGTERM arrived: raised where the command was, so that its ``with`` blocks (locks,
+    atomic files) unwind as for any error, and said."""
+
+
+class TerminatedExit(click.ClickException):
+    exit_code = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
+
+
+def stop_on_sigterm(signum, frame):
+    raise Terminated("stopped by SIGTERM: what was finished is kept (whole batches of an "
+                     "extraction, checkpoints of a training); the same command resumes")
+
+
 class CapstackGroup(click.Group):
-    """Turns a :class:`CapstackError` into one line on stderr and a non-zero exit."""
+    """Turns a :class:`CapstackError` into one line on stderr and a non-zero exit, SIGTERM
+    included."""
 
     def parse_args(self, ctx, args):
         ctx.meta["capstack.argv"] = list(args)  # what --nproc hands to each torchrun process
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
         try:
             return super().invoke(ctx)
+        except Terminated as e:
+            raise TerminatedExit(str(e)) from None
         except CapstackError as e:
             raise click.ClickException(str(e)) from None
 

@@ -351,3 +351,23 @@ def test_an_unknown_device_is_named(tmp_path):
                       "random", "--backbone", "resnet18", "--device", "potato", cwd=tmp_path)
     assert result.returncode == 1 and "device: unknown device 'potato'" in result.stderr, \
         result.stderr
+
+
+# -- 11. SIGTERM -----------------------------------------------------------------------------------
+
+def test_sigterm_stops_a_training_saying_so_and_the_same_command_resumes(data, tmp_path):
+    _, prepared, grid = data
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=10_000)
+    run = subprocess.Popen([CAPSTACK, "train", str(exp), "--out", "run"], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "run" / "last.pt").is_file():  # an epoch done: something to keep
+        assert run.poll() is None and time.time() < deadline, run.communicate()
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 143 and "stopped by SIGTERM" in stderr, (run.returncode, stderr)
+    resumed = capstack("train", exp, "--out", "run", "--set", "train.epochs=1", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr  # the lock was released, the run intact
