@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, not_utf8
 from trainer.decoders import DECODERS
 from trainer.objectives import OBJECTIVES
 
@@ -144,8 +144,7 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
     except FileNotFoundError:
         raise CapstackError(f"{path}: experiment file not found") from None
     except UnicodeDecodeError as error:
-        raise CapstackError(f"{path}: not UTF-8 text (byte {error.start} is "
-                            f"{error.object[error.start]:#x})") from None
+        raise not_utf8(path, error) from None
     except OSError as error:
         raise CapstackError(f"{path}: cannot read ({error.strerror or error})") from None
     except yaml.YAMLError as error:

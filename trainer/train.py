@@ -42,7 +42,7 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
-from pipeline.core.runlock import exclusive_run
+from pipeline.core.runlock import exclusive_beside
 from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import Features, TrainBatches, covered
@@ -391,8 +391,7 @@ def run_folder_held(out_dir: Path, ranks: Ranks):
         refusal = None
         if ranks.main:
             try:
-                held.enter_context(exclusive_run(out_dir.with_name(out_dir.name + ".lock"),
-                                                 f"training into {out_dir}"))
+                held.enter_context(exclusive_beside(out_dir, f"training into {out_dir}"))
             except CapstackError as error:
                 refusal = str(error)
         refusal = ranks.broadcast(refusal)

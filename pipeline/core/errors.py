@@ -14,3 +14,9 @@ class CapstackError(Exception):
 def where(path, field: str = "") -> str:
     """``"file: field"`` prefix used at the start of every error message."""
     return f"{path}: {field}" if field else f"{path}"
+
+
+def not_utf8(path, error: UnicodeDecodeError) -> CapstackError:
+    """``FILE: not UTF-8 text (byte N is 0xNN)``: a text file in another encoding."""
+    return CapstackError(f"{path}: not UTF-8 text (byte {error.start} is "
+                         f"{error.object[error.start]:#x})")

@@ -62,6 +62,13 @@ def exclusive_run(lock_path: str | os.PathLike, what: str):
         os.close(fd)
 
 
+def exclusive_beside(path: str | os.PathLike, what: str):
+    """:func:`exclusive_run` on ``<path>.lock``, beside what one run at a time writes (a store,
+    a run folder): the lock outlives the path being moved or replaced."""
+    path = Path(path)
+    return exclusive_run(path.with_name(path.name + ".lock"), what)
+
+
 @contextlib.contextmanager
 def waiting_lock(lock_path: str | os.PathLike):
     """A short exclusive section (read-modify-write of the lock file)."""

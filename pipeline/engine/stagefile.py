@@ -60,7 +60,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, not_utf8
 
 _PARAM_REF = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -220,8 +220,7 @@ def _read_yaml(path: Path) -> dict:
     except FileNotFoundError:
         raise CapstackError(f"{path}: stages file not found") from None
     except UnicodeDecodeError as e:
-        raise CapstackError(f"{path}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#x})"
-                            ) from None
+        raise not_utf8(path, e) from None
     except OSError as e:
         raise CapstackError(f"{path}: cannot read stages file ({e.strerror})") from None
     try:

@@ -17,7 +17,7 @@ import pipeline
 from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.hashing import HashCache
 from pipeline.core.ranks import Ranks, join
-from pipeline.core.runlock import exclusive_run
+from pipeline.core.runlock import exclusive_beside
 from pipeline.features.extract.images import karpathy_items
 from pipeline.features.extract.runner import BatchModel, run_extraction
 from pipeline.features.extract.shards import check_shards_fit, merge_shards, shard_items, shard_path
@@ -97,7 +97,7 @@ def _run_job(job, make_model, transform, batch_size, workers, pointer, progress,
                                   workers, progress, pin_memory, ranks)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
+        with exclusive_beside(path, f"extraction into {path}"):
             items = karpathy_items(dataset.images, job.image_root)
             result = _extract(job, items, path, meta, make_model, transform, batch_size,
                               workers, progress, pin_memory)
@@ -115,14 +115,14 @@ def _extract_sharded(job, dataset, path, meta, make_model, transform, batch_size
     check_shards_fit(path, ranks.world)
     ranks.barrier()  # no rank starts a shard before every rank has checked
     mine = JobResult(shard, meta["fingerprint"], reused=True)
-    with exclusive_run(shard.with_name(shard.name + ".lock"), f"extraction into {shard}"):
+    with exclusive_beside(shard, f"extraction into {shard}"):
         if not shard.exists():
             shard_meta = {**meta, "shard": f"{ranks.rank} of {ranks.world}"}
             mine = _extract(job, shard_items(items, ranks.rank, ranks.world), shard, shard_meta,
                             make_model, transform, batch_size, workers, progress, pin_memory)
     reports = ranks.gather((mine.extracted, mine.skipped, mine.seconds))
     if ranks.main:
-        with exclusive_run(path.with_name(path.name + ".lock"), f"extraction into {path}"):
+        with exclusive_beside(path, f"extraction into {path}"):
             merge_shards(path, meta, [i for i, _ in items], ranks.world, job.format, progress)
     ranks.barrier()  # the store is complete before any rank returns it
     return JobResult(path, meta["fingerprint"], reused=False,

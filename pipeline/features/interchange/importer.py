@@ -30,7 +30,7 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.core.interrupt import stop_at_batch_boundary
-from pipeline.core.runlock import exclusive_run
+from pipeline.core.runlock import exclusive_beside
 from pipeline.features.fingerprint import fingerprint
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import BadRow, FeatureFormat
@@ -104,7 +104,7 @@ def import_features(job: ImportJob, *, pointer: Path | None = None,
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = _meta(job, fmt, units, sources, schema, settings, fp, dataset)
-        with exclusive_run(path.with_name(path.name + ".lock"), f"import into {path}"):
+        with exclusive_beside(path, f"import into {path}"):
             total = sum(source["size"] for source in sources)
             result = _import(fmt, units, path, meta, job, dataset, total, progress)
     publish(path, fp, pointer)
