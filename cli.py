@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import DISK_REFUSALS, CapstackError
 
 # Bounds on the sizes a user gives, checked by click before any work starts (its message names
 # the bound): past them a command would exhaust memory (a 20000-pixel side grew a worker to
@@ -40,8 +40,8 @@ def stop_on_sigterm(signum, frame):
 
 
 class CapstackGroup(click.Group):
-    """Turns a :class:`CapstackError` into one line on stderr and a non-zero exit, SIGTERM
-    included."""
+    """Turns a :class:`CapstackError`, SIGTERM and an OS error about a path (read-only, disk
+    full, denied) into one line on stderr and a non-zero exit."""
 
     def parse_args(self, ctx, args):
         ctx.meta["capstack.argv"] = list(args)  # what --nproc hands to each torchrun process
@@ -55,6 +55,11 @@ class CapstackGroup(click.Group):
             raise TerminatedExit(str(e)) from None
         except CapstackError as e:
             raise click.ClickException(str(e)) from None
+        except OSError as e:  # what no writer named itself: the disk or a path refused
+            if e.filename is None and e.errno not in DISK_REFUSALS:
+                raise
+            where = f"{e.filename}: " if e.filename is not None else ""
+            raise click.ClickException(f"{where}{e.strerror or e}") from None
 
 
 @click.group(cls=CapstackGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -601,7 +606,7 @@ def inspect_cmd(store, fmt, as_json):
 @click.option("--dataset", "dataset_json", required=True,
               type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--deep", is_flag=True,
-              help="Also read every record and check that no value is NaN or infinite.")
+              help="Also read every record: check its checksum and that no value is NaN or infinite.")
 def verify_cmd(store, dataset_json, deep):
     """Check that STORE holds a record for every image of the dataset (and, with --deep, that
     every record reads and holds finite values)."""
@@ -613,8 +618,10 @@ def verify_cmd(store, dataset_json, deep):
     click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
                f"({result['skipped']} skipped when the store was made, reported by training)")
     if deep:
-        read = check_every_record(path)
-        click.echo(f"{result['store']}: all {read} records read, every value finite")
+        read, checksum = check_every_record(path)
+        checked = f"every {checksum} checksum matches" if checksum else \
+            "no checksums to check (made before stores kept them)"
+        click.echo(f"{result['store']}: all {read} records read, {checked}, every value finite")
 
 
 @main.command("stores")

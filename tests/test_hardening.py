@@ -237,19 +237,18 @@ def test_nan_in_a_store_fails_verify_deep_and_stops_training_naming_the_images(d
     import numpy as np
 
     from pipeline.features.stores import open_store
-    from pipeline.features.stores.lmdb import _record_key
+    from pipeline.features.stores.lmdb import _record_key, encode_record
 
     root, prepared, grid = data
     poisoned = tmp_path / "grid-nan.lmdb"
     shutil.copytree(grid, poisoned)
-    ids = [int(i) for i in open_store(grid).ids()]
-    first = open_store(grid).get(ids[0]).features
+    store = open_store(grid)
+    ids = [int(i) for i in store.ids()]
+    record = store.get(ids[0])
+    record.features[0, 0] = np.nan
     env = lmdb.open(str(poisoned), subdir=True)
-    with env.begin(write=True) as txn:  # bytes changed behind capstack's back
-        raw = bytearray(txn.get(_record_key(ids[0])))
-        at = raw.find(first[0].tobytes())
-        raw[at:at + 2] = np.array([np.nan], np.float16).tobytes()
-        txn.put(_record_key(ids[0]), bytes(raw))
+    with env.begin(write=True) as txn:  # written by another tool, checksum and all
+        txn.put(_record_key(ids[0]), encode_record(record, store.schema))
     env.close()
     dataset = root / "shapes" / "dataset_shapes.json"
     assert capstack("verify", poisoned, "--dataset", dataset, cwd=tmp_path).returncode == 0
@@ -263,6 +262,130 @@ def test_nan_in_a_store_fails_verify_deep_and_stops_training_naming_the_images(d
     assert "run: the loss is nan at step" in result.stderr and str(ids[0]) in result.stderr, \
         result.stderr
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def flip_one_bit_of_a_record(store: Path) -> int:
+    """Flip a bit inside the first record's features on disk; the record's image id."""
+    import numpy as np
+
+    reader = open_store(store)
+    image_id = int(reader.ids()[0])
+    values = reader.get(image_id).features[0].tobytes()
+    reader.close()
+    target = store / "data.mdb" if store.is_dir() else store
+    raw = bytearray(target.read_bytes())
+    at = raw.find(values)
+    assert at > 0 and np.frombuffer(values, np.float16).any()
+    while at >= 0:  # LMDB may keep a stale copy of the page: flip every copy
+        raw[at + 3] ^= 0x04
+        at = raw.find(values, at + 1)
+    target.write_bytes(bytes(raw))
+    return image_id
+
+
+@pytest.mark.parametrize("name", ["grid.lmdb", "grid.h5"])
+def test_a_store_with_a_flipped_bit_is_named_by_verify_deep_and_by_training(data, tmp_path,
+                                                                             name):
+    root, prepared, _ = data
+    ids = load_captions(prepared).image_ids
+    store = write_feature_store(tmp_path / name, ids, kind="grid")
+    assert open_store(store).meta["record_checksum"] in ("crc32", "fletcher32")
+    image_id = flip_one_bit_of_a_record(store)
+    dataset = root / "shapes" / "dataset_shapes.json"
+    deep = capstack("verify", store, "--dataset", dataset, "--deep", cwd=tmp_path)
+    assert deep.returncode == 1, deep.stdout
+    assert f"{store}: image {image_id}: record is damaged" in deep.stderr, deep.stderr
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[store], epochs=1)
+    result = capstack("train", exp, "--out", "run", cwd=tmp_path)
+    assert result.returncode == 1 and f"{store}: " in result.stderr
+    assert "record is damaged" in result.stderr and str(image_id) in result.stderr, \
+        result.stderr
+
+
+# -- 10. a full or read-only disk ------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of ``size`` (a tmpfs; root may mount one), later ``resize``d or made
+    read-only. Skipped where no tmpfs can be mounted."""
+    mounts = []
+
+    def mount(name: str, size: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                               str(where)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def remount(where: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
+
+
+def test_a_full_disk_names_the_store_keeps_its_records_and_the_rerun_resumes(data, tmp_path,
+                                                                             small_disk):
+    from process_helpers import committed_records
+
+    root, _, _ = data
+    disk = small_disk("disk", "160k")
+    args = ("extract-grid", root / "shapes" / "dataset_shapes.json", root / "shapes",
+            "--backbone", "resnet18", "--weights", "random", "--image-size", "64", "--grid", "4",
+            "--workers", "0", "--batch", "2", "--features-root", disk)
+    full = capstack(*args, cwd=tmp_path)
+    assert full.returncode == 1, full.stderr
+    partial = next(disk.glob("grid-*.lmdb.partial"))
+    assert f"{partial}: cannot write it (" in full.stderr and "records committed before " \
+        "are kept" in full.stderr, full.stderr
+    kept = committed_records(partial)
+    assert 0 < kept < 20
+    remount(disk, "size=20m")
+    again = capstack(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {kept} " in again.stdout + again.stderr
+    assert len(open_store(next(disk.glob("grid-*.lmdb")))) == 20
+
+
+def test_a_training_on_a_full_disk_names_the_checkpoint_and_keeps_the_run_readable(
+        data, tmp_path, small_disk):
+    _, prepared, grid = data
+    disk = small_disk("disk", "64k")
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=1)
+    result = capstack("train", exp, "--out", disk / "run", cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"{disk / 'run'}/best.pt: cannot write it (No space left on device)" in \
+        result.stderr, result.stderr
+    assert json.loads((disk / "run" / "config.json").read_text())["name"] == "exp"
+    assert not list((disk / "run").glob(".*tmp*"))  # no half-written checkpoint left
+
+
+def test_every_writing_command_names_a_read_only_output(data, tmp_path, small_disk):
+    root, prepared, grid = data
+    disk = small_disk("disk", "1m")
+    remount(disk, "ro")
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=1)
+    dataset = root / "shapes" / "dataset_shapes.json"
+    for args, named in [
+            (["shapes", disk / "shapes", "--train", "2", "--val", "1", "--test", "1"],
+             disk / "shapes"),
+            (["prepare", dataset, disk / "prepared"], disk / "prepared"),
+            (["extract-grid", dataset, root / "shapes", "--backbone", "resnet18", "--weights",
+              "random", "--image-size", "64", "--features-root", disk], disk),
+            (["train", exp, "--out", disk / "run"], disk / "run"),
+            (["export-features", grid, "rtl-npz", disk / "x"], disk)]:
+        result = capstack(*args, cwd=tmp_path)
+        assert result.returncode == 1, (args, result.stderr)
+        assert "Read-only file system" in result.stderr and "Traceback" not in result.stderr
+        assert f"{named}" in result.stderr.splitlines()[-1], (args, result.stderr)
 
 
 # -- 7. sizes without bounds ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ load (:func:`content_digest`).
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 
 import torch
@@ -80,8 +81,10 @@ def content_digest(value, h=None) -> str:
 
 def save_checkpoint(path: Path, payload: dict) -> None:
     payload = {"format": FORMAT, **{k: v for k, v in payload.items() if k != DIGEST}}
+    serialized = io.BytesIO()  # torch.save on a full disk raises an opaque RuntimeError
+    torch.save({**payload, DIGEST: content_digest(payload)}, serialized)
     with atomic_file(path) as tmp:
-        torch.save({**payload, DIGEST: content_digest(payload)}, tmp)
+        tmp.write_bytes(serialized.getbuffer())
 
 
 def load_checkpoint(path: str | Path) -> dict:

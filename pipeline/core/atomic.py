@@ -13,6 +13,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from pipeline.core.errors import cannot_write, refused_by_disk
+
 
 def _temp_sibling(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -46,27 +48,42 @@ def replace_path(src: Path, dst: Path) -> None:
 def atomic_dir(path: str | os.PathLike):
     """Yield a fresh temporary folder that becomes ``path`` when the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path, "tmp")
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_path(tmp, path)
+    with _named_when_refused(path, tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        replace_path(tmp, path)
 
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike):
     """Yield a temporary file path that becomes ``path`` when the block succeeds."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(path, "tmp")
+    with _named_when_refused(path, tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            yield tmp
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _named_when_refused(path: Path, tmp: Path):
+    """The disk refusing ``path``'s temporary (full, read-only, denied) as ``PATH: cannot
+    write it (why)``, named by the output rather than the temporary; the block has already
+    removed the temporary, and ``path`` itself was never touched."""
     try:
-        yield tmp
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        yield
+    except OSError as error:
+        if refused_by_disk(error, path.parent):
+            raise cannot_write(path, error) from None
         raise
-    os.replace(tmp, path)

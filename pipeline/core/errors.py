@@ -6,6 +6,11 @@ field and the problem. ``cli.py`` prints such errors on one line and exits with
 status 2; every other exception is a bug and keeps its traceback.
 """
 
+import errno
+
+# What the disk refuses, whichever file was being written: no room, no quota, mounted read-only.
+DISK_REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
 
 class CapstackError(Exception):
     """A problem with the user's input, reported without a traceback."""
@@ -20,3 +25,21 @@ def not_utf8(path, error: UnicodeDecodeError) -> CapstackError:
     """``FILE: not UTF-8 text (byte N is 0xNN)``: a text file in another encoding."""
     return CapstackError(f"{path}: not UTF-8 text (byte {error.start} is "
                          f"{error.object[error.start]:#x})")
+
+
+def cannot_write(path, error: OSError) -> CapstackError:
+    """``PATH: cannot write it (No space left on device); ...``: the disk refused an output."""
+    reason = error.strerror or str(error)
+    return CapstackError(f"{path}: cannot write it ({reason}); nothing written before was "
+                         f"changed: make room or choose another place, then run again")
+
+
+def refused_by_disk(error: BaseException, *paths) -> bool:
+    """Whether ``error`` is the disk refusing a write (full, read-only, quota), or any OS
+    error about one of ``paths`` (permission denied on an output, say)."""
+    if not isinstance(error, OSError):
+        return False
+    if error.errno in DISK_REFUSALS:
+        return True
+    named = str(error.filename or "")
+    return bool(named) and any(named.startswith(str(p)) for p in paths)

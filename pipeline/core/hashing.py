@@ -99,6 +99,10 @@ class HashCache:
                 rows = con.execute("SELECT path, inode, mtime_ns, size, md5 FROM files").fetchall()
             finally:
                 con.close()
+        except sqlite3.OperationalError as error:  # locked, unreadable: not damaged, unused
+            log.warning("%s: hash cache not read (%s): files are hashed again",
+                        self._db_path, error)
+            return
         except sqlite3.DatabaseError as error:
             self._start_afresh(error)  # a damaged cache only costs a rehash
             return
@@ -115,12 +119,19 @@ class HashCache:
     def save(self) -> None:
         if not self._db_path or not self._fresh:
             return
-        self._db_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._write_fresh()
-        except sqlite3.DatabaseError as error:  # damaged since it was read: once more, afresh
-            self._start_afresh(error)
-            self._write_fresh()
+            self._db_path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._write_fresh()
+            except sqlite3.OperationalError:
+                raise
+            except sqlite3.DatabaseError as error:  # damaged since it was read: once afresh
+                self._start_afresh(error)
+                self._write_fresh()
+        except (OSError, sqlite3.OperationalError) as error:  # disk full, read-only, locked
+            log.warning("%s: hash cache not saved (%s): these files are hashed again next "
+                        "time", self._db_path, error)
+            return
         self._known.update(self._fresh)
         self._fresh.clear()
 

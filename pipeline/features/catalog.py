@@ -28,10 +28,11 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
     return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped}
 
 
-def check_every_record(store_path: str | Path, progress: bool = True) -> int:
-    """Read every record of the store; raise naming the first whose floating-point fields hold
-    NaN or infinity (training on it would give a NaN loss, or a model that learned nothing).
-    The number of records read."""
+def check_every_record(store_path: str | Path, progress: bool = True) -> tuple[int, str | None]:
+    """Read every record of the store (a read checks the record's checksum); raise naming the
+    first that is damaged or whose floating-point fields hold NaN or infinity (training on it
+    would give a NaN loss, or a model that learned nothing). The number of records read, and
+    the kind of checksum checked (None for a store made before stores kept them)."""
     from tqdm import tqdm
 
     store = open_store(store_path)
@@ -44,7 +45,7 @@ def check_every_record(store_path: str | Path, progress: bool = True) -> int:
                 bad = int((~np.isfinite(values)).sum())
                 raise CapstackError(f"{store.path}: image {int(image_id)}: {name}: {bad} of "
                                     f"{values.size} values are NaN or infinite")
-    return len(ids)
+    return len(ids), store.meta.get("record_checksum")
 
 
 def size_bytes(path: Path) -> int:

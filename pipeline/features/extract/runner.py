@@ -9,6 +9,7 @@ with every finished batch kept.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,9 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
     report = LoopReport()
     if not todo:
         return report
+    if writer.done:
+        tqdm.write(f"resuming: {len(items) - len(todo)} of {len(items)} images already in "
+                   f"{writer.partial}", file=sys.stderr)
     loader = DataLoader(ImageDataset(todo, transform), batch_size=batch_size,
                         num_workers=workers, collate_fn=collate_images, pin_memory=pin_memory,
                         persistent_workers=False)

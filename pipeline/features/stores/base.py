@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -70,7 +71,8 @@ class StoreWriter(ABC):
                 fresh_skips.append((int(i), str(reason)))
         if not checked and not fresh_skips and progress is None:
             return
-        self._commit(checked, fresh_skips, progress)
+        with self.refusals_named():
+            self._commit(checked, fresh_skips, progress)
         self.done.update(i for i, _ in checked)
         self.done.update(i for i, _ in fresh_skips)
         self.skipped.update(fresh_skips)
@@ -81,13 +83,29 @@ class StoreWriter(ABC):
         """Write the final metadata and rename the partial store into place."""
         self.meta["count"] = len(self.done) - len(self.skipped)
         self.meta["skipped"] = {str(k): v for k, v in sorted(self.skipped.items())}
-        self._write_final_meta()
+        with self.refusals_named():
+            self._write_final_meta()
         self.close()
         if self.path.exists():
             raise CapstackError(f"{self.path}: a complete store already exists here; "
                                 f"the new one stays at {self.partial}")
         os.replace(self.partial, self.path)
         return self.path
+
+    #: What the backend raises when the disk refuses a write (full, read-only, denied).
+    write_errors: tuple[type[BaseException], ...] = (OSError,)
+
+    @contextmanager
+    def refusals_named(self):
+        """A refused write as ``PARTIAL: cannot write it (why)``. A commit is atomic, so the
+        records committed before it stay, and the next run resumes from them."""
+        try:
+            yield
+        except self.write_errors as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise CapstackError(
+                f"{self.partial}: cannot write it ({reason}); the {len(self.done)} records "
+                f"committed before are kept: make room, then run again to resume") from None
 
     @abstractmethod
     def _commit(self, records: list[tuple[int, Record]], skipped: list[tuple[int, str]],

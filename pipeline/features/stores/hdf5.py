@@ -15,12 +15,18 @@ HDF5 files are not crash-safe, so each commit appends, flushes, and only then
 advances the ``committed_*`` counters; a writer resuming after a kill
 truncates the datasets back to them. A file too damaged to open is started
 again (its records are redone, never trusted).
+
+Every dataset is written with HDF5's Fletcher-32 filter (metadata
+``"record_checksum": "fletcher32"``): HDF5 checks each chunk it reads, and a
+reader turns a failed check, or a file whose structure no longer parses, into
+``PATH: image ID: record is damaged`` rather than wrong numbers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 
 import h5py
 import numpy as np
@@ -29,19 +35,22 @@ from pipeline.core.errors import CapstackError
 from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
 
 _STR = h5py.string_dtype()
+CHECKSUM = "fletcher32"
 
 
 class Hdf5Writer(StoreWriter):
     def __init__(self, path, meta):
         super().__init__(path, meta)
         self._file = None
+        self.meta["record_checksum"] = CHECKSUM
         if self.partial.exists():
             try:
                 self._file = h5py.File(self.partial, "a")
             except OSError:
                 self.partial.unlink()  # damaged by the kill: redo its records
         if self._file is None:
-            self._create()
+            with self.refusals_named():
+                self._create()
         else:
             self._resume()
 
@@ -49,13 +58,15 @@ class Hdf5Writer(StoreWriter):
         f = self._file = h5py.File(self.partial, "w")
         for field in self.schema.fields:  # chunks of ~256 KiB of rows (64 rows of 2048 float16s)
             rows = max(1, min(4096, (1 << 18) // (field.row_size * field.dtype.itemsize)))
-            f.create_dataset(field.name, (0, *field.shape), field.dtype,
+            f.create_dataset(field.name, (0, *field.shape), field.dtype, fletcher32=True,
                              maxshape=(None, *field.shape), chunks=(rows, *field.shape))
         for name, dtype in (("image_ids", np.int64), ("row_start", np.int64),
                             ("row_count", np.int32), ("skipped_ids", np.int64),
                             ("skipped_reasons", _STR)):
-            f.create_dataset(name, (0,), dtype, maxshape=(None,), chunks=(4096,))
-        f.create_dataset("hw", (0, 2), np.int32, maxshape=(None, 2), chunks=(4096, 2))
+            f.create_dataset(name, (0,), dtype, maxshape=(None,), chunks=(4096,),
+                             fletcher32=dtype is not _STR)  # HDF5 filters no variable lengths
+        f.create_dataset("hw", (0, 2), np.int32, maxshape=(None, 2), chunks=(4096, 2),
+                         fletcher32=True)
         f.attrs["meta"] = json.dumps(self.meta)
         self._set_committed(0, 0, 0)
 
@@ -80,6 +91,8 @@ class Hdf5Writer(StoreWriter):
             self.close()
             raise CapstackError(f"{self.partial}: an unfinished store made with other settings "
                                 f"(fingerprint {old.get('fingerprint')}) is in the way; delete it")
+        if old.get("record_checksum") != CHECKSUM:  # begun before datasets had checksums
+            del self.meta["record_checksum"]
         records, rows, skipped = self._counts()
         progress = f.attrs.get("progress")
         self.progress = json.loads(progress) if progress is not None else None
@@ -145,27 +158,53 @@ class Hdf5Reader(StoreReader):
             self._handle_pid = os.getpid()
         return self._handle_file
 
+    @contextmanager
+    def _damage_named(self, what: str):
+        """HDF5's errors on a damaged file (a failed Fletcher-32 check, an unreadable
+        B-tree or object header) as one line naming the store and ``what`` was read."""
+        try:
+            yield
+        except (OSError, KeyError, RuntimeError, ValueError) as e:
+            raise CapstackError(f"{self.path}: {what} is damaged ({e}); re-extract the "
+                                f"store (capstack verify --deep checks every record)") from None
+
     def _raw_meta(self):
-        return self._open().attrs.get("meta")
+        with self._damage_named("the store's metadata"):
+            return self._open().attrs.get("meta")
 
     def _read_ids(self) -> np.ndarray:
         f = self._open()
-        self._row_start = f["row_start"][:]
-        self._row_count = f["row_count"][:]
-        self._hw = f["hw"][:]
-        return f["image_ids"][:]
+        with self._damage_named("the record index"):
+            self._row_start = f["row_start"][:]
+            self._row_count = f["row_count"][:]
+            self._hw = f["hw"][:]
+            ids = f["image_ids"][:]
+        if not len(self._row_start) == len(self._row_count) == len(self._hw) == len(ids):
+            raise CapstackError(f"{self.path}: the record index is damaged (its datasets "
+                                f"disagree in length); re-extract the store")
+        return ids
 
     def _get(self, image_id: int) -> Record:
         f = self._open()
         k = self._index[image_id]
         start, n = int(self._row_start[k]), int(self._row_count[k])
-        return Record(height=int(self._hw[k, 0]), width=int(self._hw[k, 1]),
-                      **{name: f[name][start:start + n] for name in self.schema.names})
+        with self._damage_named(f"image {image_id}: record"):
+            fields = {name: f[name][start:start + n] for name in self.schema.names}
+        return Record(height=int(self._hw[k, 0]), width=int(self._hw[k, 1]), **fields)
 
     def read_batch(self, image_ids, max_rows=None, allocate=np.empty, fields=()) -> Batch:
         """Each record read straight into the batch array (``read_direct``, no temporaries)."""
-        f = self._open()
         ks = [self._index[int(i)] for i in image_ids]
+        try:
+            with self._damage_named(f"a record of images {list(map(int, image_ids))}"):
+                return self._read_batch(ks, max_rows, allocate, fields)
+        except CapstackError:
+            for image_id in image_ids:  # a chunk holds several records: name the damaged one
+                self._get(int(image_id))
+            raise
+
+    def _read_batch(self, ks, max_rows, allocate, fields) -> Batch:
+        f = self._open()
         counts = self._row_count[ks].astype(np.int64)
         rows = int(counts.max()) if ks else 0
         rows = min(rows, max_rows) if max_rows else rows

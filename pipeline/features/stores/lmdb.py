@@ -5,7 +5,10 @@ Layout of the environment (a folder ending in ``.lmdb``):
 * ``r:<image id>`` -> header ``<iiii`` (N rows, the features' D, height, width),
   then each declared field's N rows in the schema's order, ``features`` first
   (so a record of the first format, features then boxes, scores, classes, reads
-  as one of today's with those fields declared);
+  as one of today's with those fields declared), then, when the metadata says
+  ``"record_checksum": "crc32"`` (every store written since), the CRC-32 of all
+  that (``<I``). LMDB checks nothing itself: a flipped bit on disk would be read
+  as a feature value, so each read checks the records it touches;
 * ``s:<image id>`` -> the reason the image was skipped;
 * ``__meta__`` -> the metadata JSON; ``__ids__`` -> the record ids (int64),
   written by ``finish``; ``__progress__`` -> a streaming writer's progress note
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -34,6 +38,8 @@ from pipeline.features.stores.lmdb_pages import check_complete
 from pipeline.features.stores.schema import Schema
 
 _HEADER = struct.Struct("<iiii")
+_CRC = struct.Struct("<I")
+CHECKSUM = "crc32"
 _META, _IDS, _PROGRESS = b"__meta__", b"__ids__", b"__progress__"
 _MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 
@@ -46,10 +52,30 @@ def _skip_key(image_id: int) -> bytes:
     return b"s:%d" % image_id
 
 
-def encode_record(record: Record, schema: Schema) -> bytes:
+def encode_record(record: Record, schema: Schema, checksum: bool = True) -> bytes:
     n = record.num
-    return b"".join([_HEADER.pack(n, schema.feature_dim, record.height, record.width),
+    body = b"".join([_HEADER.pack(n, schema.feature_dim, record.height, record.width),
                      *(np.ascontiguousarray(record[f.name]).tobytes() for f in schema.fields)])
+    return body + _CRC.pack(zlib.crc32(body)) if checksum else body
+
+
+def check_record_bytes(buf, schema: Schema, checksum: bool, where, image_id: int) -> None:
+    """Refuse a record whose length disagrees with its header or, in a store that keeps
+    checksums, whose CRC-32 does not match: it was damaged after it was written."""
+    trailer = _CRC.size if checksum else 0
+    n = _HEADER.unpack_from(buf, 0)[0] if len(buf) >= _HEADER.size else -1
+    if n < 0 or len(buf) != record_size(n, schema) + trailer:
+        raise CapstackError(f"{where}: image {image_id}: record is damaged ({len(buf)} bytes "
+                            f"do not match its header); re-extract the store")
+    if checksum and zlib.crc32(memoryview(buf)[:-trailer]) != _CRC.unpack_from(buf, len(buf) -
+                                                                               trailer)[0]:
+        raise CapstackError(f"{where}: image {image_id}: record is damaged (checksum mismatch); "
+                            f"re-extract the store (capstack verify --deep checks every record)")
+
+
+def record_size(n: int, schema: Schema) -> int:
+    """Bytes of a record of ``n`` rows without its checksum: the header, then every field."""
+    return _HEADER.size + sum(n * f.row_size * f.dtype.itemsize for f in schema.fields)
 
 
 def field_offsets(n: int, schema: Schema) -> list[int]:
@@ -69,12 +95,17 @@ def decode_record(buf, schema: Schema) -> Record:
 
 
 class LmdbWriter(StoreWriter):
+    write_errors = (OSError, lmdb.Error)
+
     def __init__(self, path, meta):
         super().__init__(path, meta)
         resuming = self.partial.exists()
         if resuming and (self.partial / "data.mdb").is_file():
             check_complete(self.partial / "data.mdb")
-        self._env = lmdb.open(str(self.partial), map_size=_MAP_SIZE, subdir=True)
+        self._env = None
+        with self.refusals_named():
+            self._env = lmdb.open(str(self.partial), map_size=_MAP_SIZE, subdir=True)
+        self.meta["record_checksum"] = CHECKSUM
         if resuming:
             self._resume()
         else:
@@ -89,6 +120,8 @@ class LmdbWriter(StoreWriter):
                 raise CapstackError(
                     f"{self.partial}: an unfinished store made with other settings "
                     f"(fingerprint {old.get('fingerprint')}) is in the way; delete it")
+            if old.get("record_checksum") != CHECKSUM:  # begun before records had checksums
+                del self.meta["record_checksum"]
             progress = txn.get(_PROGRESS)
             self.progress = json.loads(bytes(progress)) if progress is not None else None
             for key, value in txn.cursor():
@@ -103,7 +136,8 @@ class LmdbWriter(StoreWriter):
             if progress is not None:
                 txn.put(_PROGRESS, json.dumps(progress).encode())
             for image_id, record in records:
-                txn.put(_record_key(image_id), encode_record(record, self.schema))
+                txn.put(_record_key(image_id), encode_record(
+                    record, self.schema, checksum="record_checksum" in self.meta))
             for image_id, reason in skipped:
                 txn.put(_skip_key(image_id), reason.encode())
 
@@ -155,6 +189,10 @@ def shared_env(path) -> lmdb.Environment:
 
 
 class LmdbReader(StoreReader):
+    @property
+    def checksums(self) -> bool:
+        return self.meta.get("record_checksum") == CHECKSUM
+
     def _open(self) -> lmdb.Environment:
         try:
             return shared_env(self.path)
@@ -177,6 +215,7 @@ class LmdbReader(StoreReader):
             buf = txn.get(_record_key(image_id))
             if buf is None:
                 raise CapstackError(f"{self.path}: record of image {image_id} is missing")
+            check_record_bytes(buf, self.schema, self.checksums, self.path, image_id)
             return decode_record(buf, self.schema)
 
     def read_batch(self, image_ids, max_rows=None, allocate=np.empty, fields=()) -> Batch:
@@ -192,6 +231,8 @@ class LmdbReader(StoreReader):
             if any(b is None for b in bufs):
                 missing = next(i for i, b in zip(image_ids, bufs) if b is None)
                 raise KeyError(f"{self.path}: no record for image {missing}")
+            for image_id, buf in zip(image_ids, bufs):
+                check_record_bytes(buf, self.schema, self.checksums, self.path, int(image_id))
             heads = [_HEADER.unpack_from(b, 0) for b in bufs]
             rows = max((h[0] for h in heads), default=0)
             rows = min(rows, max_rows) if max_rows else rows
