@@ -388,6 +388,28 @@ def test_every_writing_command_names_a_read_only_output(data, tmp_path, small_di
         assert f"{named}" in result.stderr.splitlines()[-1], (args, result.stderr)
 
 
+def test_an_id_beyond_64_bits_and_100k_deep_json_or_yaml_are_named(tmp_path):
+    write_shapes_dataset(tmp_path / "shapes", n_train=2, n_val=1, n_test=1, seed=0, size=32)
+    dataset = json.loads((tmp_path / "shapes" / "dataset_shapes.json").read_text())
+    dataset["images"][1]["imgid"] = 2 ** 70
+    (tmp_path / "big.json").write_text(json.dumps(dataset))
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.json").write_text(deep)
+    (tmp_path / "deep.yaml").write_text(deep)
+    (tmp_path / "stages.yaml").write_text(deep)
+    for args, message in [
+            (["prepare", "big.json", "out"], f"big.json: images[1].imgid: {2 ** 70} is outside "
+                                             f"0..2**63-1"),
+            (["extract-grid", "big.json", "shapes", "--backbone", "resnet18", "--weights",
+              "random"], "big.json: images[1].imgid: "),
+            (["prepare", "deep.json", "out"], "deep.json: nested deeper than the "),
+            (["train", "deep.yaml", "--out", "run"], "deep.yaml: nested deeper than the "),
+            (["stages"], "stages.yaml: nested deeper than the ")]:
+        result = capstack(*args, cwd=tmp_path)
+        assert result.returncode == 1 and message in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
 # -- 7. sizes without bounds ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, bound", [

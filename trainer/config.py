@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.core.errors import CapstackError, not_utf8
+from pipeline.core.errors import CapstackError, not_utf8, too_deep
 from trainer.decoders import DECODERS
 from trainer.objectives import OBJECTIVES
 
@@ -149,6 +149,8 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         raise CapstackError(f"{path}: cannot read ({error.strerror or error})") from None
     except yaml.YAMLError as error:
         raise CapstackError(f"{path}: not valid yaml ({error})") from None
+    except RecursionError:
+        raise too_deep(path) from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping at the top level")
     refuse_old_form(data, str(path))
@@ -176,6 +178,8 @@ def apply_override(data: dict, item: str, where: str, components=frozenset()) ->
     *parents, last = key.split(".")
     try:
         parsed = yaml.safe_load(value) if value else ""
+    except RecursionError:
+        raise too_deep(f"--set {key}") from None
     except yaml.YAMLError as error:
         raise CapstackError(f"--set {item!r}: the value is not valid YAML "
                             f"({getattr(error, 'problem', None) or error})") from None

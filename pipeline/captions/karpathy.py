@@ -67,6 +67,7 @@ class KarpathyDataset:
         return [im for im in self.images if im.split in wanted]
 
 
+MAX_ID = 2 ** 63 - 1  # image ids key feature stores as int64
 _KNOWN_IMAGE_KEYS = {"filepath", "filename", "imgid", "cocoid", "split", "sentids", "sentences"}
 
 
@@ -90,6 +91,9 @@ def _int_field(path: Path, where: str, raw: dict, key: str) -> int:
     value = raw[key]
     if not isinstance(value, int) or isinstance(value, bool):
         raise CapstackError(f"{path}: {where}.{key}: expected an integer, got {value!r}")
+    if not 0 <= value <= MAX_ID:
+        raise CapstackError(f"{path}: {where}.{key}: {value} is outside 0..2**63-1 (ids are "
+                            f"stored as 64-bit integers)")
     return value
 
 

@@ -43,3 +43,12 @@ def refused_by_disk(error: BaseException, *paths) -> bool:
         return True
     named = str(error.filename or "")
     return bool(named) and any(named.startswith(str(p)) for p in paths)
+
+
+def too_deep(path) -> CapstackError:
+    """``FILE: nested deeper than ... levels``: JSON or YAML that would exhaust the parser's
+    recursion (a crafted file; no capstack file nests more than a few levels)."""
+    import sys
+
+    return CapstackError(f"{path}: nested deeper than the {sys.getrecursionlimit()} levels "
+                         f"capstack reads")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.atomic import atomic_file
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, too_deep
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
@@ -25,6 +25,8 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     except json.JSONDecodeError as error:
         raise CapstackError(f"{path}: not valid JSON (line {error.lineno} column {error.colno}: "
                             f"{error.msg})") from None
+    except RecursionError:
+        raise too_deep(path) from None
 
 
 def write_json(path: str | os.PathLike, value, indent: int | None = 1) -> Path:

@@ -60,7 +60,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from pipeline.core.errors import CapstackError, not_utf8
+from pipeline.core.errors import CapstackError, not_utf8, too_deep
 
 _PARAM_REF = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -230,6 +230,8 @@ def _read_yaml(path: Path) -> dict:
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise CapstackError(f"{path}: not valid YAML{at}: {problem}") from None
+    except RecursionError:
+        raise too_deep(path) from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping with a 'stages' key")
     if _count_values(data, MAX_VALUES) > MAX_VALUES:

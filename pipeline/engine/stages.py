@@ -115,6 +115,8 @@ class Pipeline:
             data = yaml.load(text, Loader=_Loader) or {}
         except yaml.YAMLError as e:
             return self._set_aside_damaged_lock(f"not valid YAML: {getattr(e, 'problem', e)}")
+        except RecursionError:
+            return self._set_aside_damaged_lock("nested too deeply to be a lock file")
         stages = data.get("stages", {}) if isinstance(data, dict) else None
         if not _is_lock_records(stages):
             return self._set_aside_damaged_lock("not a mapping of stages to their records")

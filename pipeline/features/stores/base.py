@@ -213,7 +213,7 @@ class StoreReader(ABC):
             raise CapstackError(f"{self.path}: not a capstack feature store (no metadata)")
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise CapstackError(f"{self.path}: store metadata is not valid JSON") from None
 
     @abstractmethod
