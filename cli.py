@@ -168,6 +168,9 @@ def _store_options(func):
                      type=click.IntRange(0, MAX_WORKERS)),
         click.option("--device", default=None, help="cuda, cpu, cuda:1 ... [cuda if available; "
                                                     "under torchrun cuda:LOCAL_RANK]"),
+        click.option("--images-outside-root", is_flag=True,
+                     help="Read images the dataset names outside IMAGE_ROOT (absolute paths, "
+                          "../); refused otherwise."),
     ]):
         func = option(func)
     return nproc_option(func)
@@ -205,7 +208,8 @@ def _report_job(result) -> None:
                    "and HACap's input).")
 @_store_options
 def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, grid, layer, out,
-                     features_root, fmt, pointer, dtype, batch_size, workers, device, nproc):
+                     features_root, fmt, pointer, dtype, batch_size, workers, device,
+                     images_outside_root, nproc):
     """ResNet grid features (a stage's map, layer4 or layer3, pooled to GRID x GRID) into a store."""
     hand_over_to_torchrun(nproc)
     from pipeline.features.extract.grid import GridSettings, extract_grid
@@ -213,7 +217,8 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
     settings = GridSettings(backbone, weights, image_size, grid, dtype, layer)
     _report_job(extract_grid(dataset_json, image_root, settings, out=out, root=features_root,
                              format=fmt, pointer=pointer, batch_size=batch_size,
-                             workers=workers, device=device))
+                             workers=workers, device=device,
+                             images_outside_root=images_outside_root))
 
 
 @stage_command("extract-regions", code="pipeline.features.extract.region_extraction")
@@ -256,7 +261,8 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weights_kind, boxes,
                         min_boxes, max_boxes, conf_thresh, nms_thresh, min_size, max_size,
                         num_classes, top_attributes, objects_vocab, attributes_vocab, out,
-                        features_root, fmt, pointer, dtype, batch_size, workers, device, nproc):
+                        features_root, fmt, pointer, dtype, batch_size, workers, device,
+                        images_outside_root, nproc):
     """Bottom-up region features (the VG detector, or torchvision's Faster R-CNN) into a store."""
     hand_over_to_torchrun(nproc)
     from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
@@ -266,7 +272,8 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
                               top_attributes, objects_vocab, attributes_vocab)
     _report_job(extract_regions(dataset_json, image_root, settings, out=out, root=features_root,
                                 format=fmt, pointer=pointer, batch_size=batch_size,
-                                workers=workers, device=device))
+                                workers=workers, device=device,
+                                images_outside_root=images_outside_root))
 
 
 @stage_command("import-features", code="pipeline.features.interchange.importer")
@@ -606,7 +613,8 @@ def inspect_cmd(store, fmt, as_json):
 @click.option("--dataset", "dataset_json", required=True,
               type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--deep", is_flag=True,
-              help="Also read every record: check its checksum and that no value is NaN or infinite.")
+              help="Also read every record: check its checksum and that no value is NaN or "
+                   "infinite.")
 def verify_cmd(store, dataset_json, deep):
     """Check that STORE holds a record for every image of the dataset (and, with --deep, that
     every record reads and holds finite values)."""
@@ -656,7 +664,7 @@ def _stages_options(func):
     return func
 
 
-def _pipeline(stages_path: Path, workdir: Path):
+def _pipeline(stages_path: Path, workdir: Path, outs_outside_workdir: bool = False):
     from pipeline.engine.stagefile import load_stages_file
     from pipeline.engine.stages import Pipeline
 
@@ -665,7 +673,14 @@ def _pipeline(stages_path: Path, workdir: Path):
     commands = stage_commands()
     parallel = [name for name in commands
                 if any(p.name == "nproc" for p in main.commands[name].params)]
-    return Pipeline(load_stages_file(stages_path, commands, parallel), workdir, commands)
+    return Pipeline(load_stages_file(stages_path, commands, parallel), workdir, commands,
+                    outs_outside_workdir)
+
+
+def outs_outside_option(func):
+    return click.option("--outs-outside-workdir", is_flag=True,
+                        help="Let stages write outs outside the workdir (../x, /abs/path); "
+                             "refused otherwise.")(func)
 
 
 @main.command("stages")
@@ -694,19 +709,21 @@ def stages_cmd(stages_path, workdir, as_json):
 @click.option("--with-deps", is_flag=True, help="First run the upstream stages that are not up to date.")
 @click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
               help="Override a param of this stage for this run (repeatable).")
-def run_cmd(stage, stages_path, workdir, force, with_deps, assignments):
+@outs_outside_option
+def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, outs_outside_workdir):
     """Run one STAGE, unless it is up to date."""
-    pipeline = _pipeline(stages_path, workdir)
+    pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
     pipeline.run(stage, force=force, with_deps=with_deps, assignments=assignments,
                  report=click.echo)
 
 
 @main.command("demo")
 @_stages_options
-def demo_cmd(stages_path, workdir):
+@outs_outside_option
+def demo_cmd(stages_path, workdir, outs_outside_workdir):
     """The stages file's demo (its `demo:` stages and all they need; else every stage), in
     order, each skipped when up to date."""
-    pipeline = _pipeline(stages_path, workdir)
+    pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
     targets = pipeline.file.demo
     if not targets:
         ran, total = pipeline.run_all(report=click.echo), len(pipeline.file.order)

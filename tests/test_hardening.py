@@ -6,6 +6,7 @@ processes) and checks the message, the exit status and that no data is lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -126,12 +127,12 @@ def test_a_fifo_or_a_device_as_an_image_is_skipped_not_read(tmp_path):
     write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=1, n_test=1, seed=0, size=32)
     dataset = tmp_path / "shapes" / "dataset_shapes.json"
     data = json.loads(dataset.read_text())
-    odd = tmp_path / "odd"
+    odd = tmp_path / "shapes" / "odd"
     odd.mkdir()
     os.mkfifo(odd / "fifo.png")
     (odd / "zero.png").symlink_to("/dev/zero")
     for k, name in enumerate(["fifo.png", "zero.png"]):
-        data["images"][k].update(filepath=str(odd), filename=name)
+        data["images"][k].update(filepath="odd", filename=name)
     dataset.write_text(json.dumps(data))
     result = capstack("extract-grid", dataset, tmp_path / "shapes", "--backbone", "resnet18",
                       "--weights", "random", "--image-size", "64", "--grid", "2", "--workers",
@@ -167,8 +168,8 @@ def test_a_1x10000_image_is_skipped_with_its_reason_and_the_extraction_goes_on(t
     write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=1, n_test=1, seed=0, size=32)
     dataset = tmp_path / "shapes" / "dataset_shapes.json"
     data = json.loads(dataset.read_text())
-    Image.new("RGB", (10000, 1), (200, 30, 30)).save(tmp_path / "strip.png")
-    data["images"][0].update(filepath=str(tmp_path), filename="strip.png")
+    Image.new("RGB", (10000, 1), (200, 30, 30)).save(tmp_path / "shapes" / "strip.png")
+    data["images"][0].update(filepath="", filename="strip.png")
     dataset.write_text(json.dumps(data))
     args = ["extract-regions", dataset, tmp_path / "shapes", "--arch", "c5", "--backbone",
             "resnet18", "--weights", "random", "--num-classes", "3", "--min-boxes", "2",
@@ -516,3 +517,95 @@ def test_sigterm_stops_a_training_saying_so_and_the_same_command_resumes(data, t
     assert run.returncode == 143 and "stopped by SIGTERM" in stderr, (run.returncode, stderr)
     resumed = capstack("train", exp, "--out", "run", "--set", "train.epochs=1", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr  # the lock was released, the run intact
+
+
+# -- 11. smaller things --------------------------------------------------------------------------
+
+def test_a_deleted_shared_store_makes_its_stage_stale_and_the_rerun_extracts_it(tmp_path):
+    import shutil
+
+    from test_feature_stages import STAGES
+
+    data = tmp_path / "shapes"
+    write_shapes_dataset(data, n_train=4, n_val=1, n_test=1, seed=2, size=32)
+    (tmp_path / "stages.yaml").write_text(STAGES.format(data=data, root=tmp_path / "root"))
+    assert capstack("run", "extract_grid", cwd=tmp_path).returncode == 0
+    store = Path(json.loads((tmp_path / "features/grid.json").read_text())["store"])
+    shutil.rmtree(store)  # another experiment's owner cleaned the shared root
+    listing = capstack("stages", cwd=tmp_path)
+    assert f"out features/grid.json points to {store}, which is gone" in listing.stdout, \
+        listing.stdout
+    rerun = capstack("run", "extract_grid", cwd=tmp_path)
+    assert rerun.returncode == 0 and "extracted 6 images" in rerun.stdout, rerun.stderr
+    assert len(open_store(store)) == 6
+
+
+@pytest.mark.parametrize("out", ["../elsewhere", "/tmp/capstack-outside-{name}"])
+def test_an_out_outside_the_workdir_is_refused_unless_the_user_opts_in(tmp_path, out):
+    out = out.format(name=tmp_path.name)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "stages.yaml").write_text(yaml.safe_dump({"stages": {"shapes": {
+        "cmd": f"capstack shapes {out} --train 2 --val 1 --test 1 --size 32", "outs": [out]}}}))
+    written = (workdir / out).resolve()
+    refused = capstack("run", "shapes", cwd=workdir)
+    assert refused.returncode == 1 and f"stages.shapes.outs: '{out}' is outside the workdir " \
+        f"{workdir}" in refused.stderr and "--outs-outside-workdir" in refused.stderr
+    assert not written.exists()
+    try:
+        allowed = capstack("run", "shapes", "--outs-outside-workdir", cwd=workdir)
+        assert allowed.returncode == 0, allowed.stderr
+        assert (written / "dataset_shapes.json").is_file()
+    finally:
+        import shutil
+        shutil.rmtree(written, ignore_errors=True)
+
+
+def test_dataset_filenames_leaving_the_image_root_are_refused_unless_the_user_opts_in(tmp_path):
+    write_shapes_dataset(tmp_path / "shapes", n_train=2, n_val=1, n_test=1, seed=0, size=32)
+    dataset = json.loads((tmp_path / "shapes" / "dataset_shapes.json").read_text())
+    dataset["images"][0].update(filepath="", filename="/etc/passwd")
+    dataset["images"][1]["filepath"] = "../shapes/images"
+    (tmp_path / "escaping.json").write_text(json.dumps(dataset))
+    args = ["extract-grid", "escaping.json", "shapes", "--backbone", "resnet18", "--weights",
+            "random", "--image-size", "64", "--grid", "2", "--workers", "0",
+            "--features-root", "features"]
+    refused = capstack(*args, cwd=tmp_path)
+    assert refused.returncode == 1
+    assert "escaping.json: images[0] (imgid 0): '/etc/passwd' leaves the image root; images " \
+        "are read only below it unless you pass --images-outside-root" in refused.stderr, \
+        refused.stderr
+    assert not (tmp_path / "features").exists() or not list((tmp_path / "features").glob("*"))
+    allowed = capstack(*args, "--images-outside-root", cwd=tmp_path)
+    assert allowed.returncode == 0, allowed.stderr
+    store = open_store(next((tmp_path / "features").glob("grid-*.lmdb")))
+    assert len(store) == 3 and "/etc/passwd: " in store.meta["skipped"]["0"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_dataloader_workers_of_a_killed_extraction_do_not_hold_its_lock(tmp_path, sig):
+    import fcntl
+
+    from process_helpers import committed_records, wait_for
+
+    write_shapes_dataset(tmp_path / "shapes", n_train=60, n_val=2, n_test=2, seed=1, size=64)
+    proc = subprocess.Popen(
+        [CAPSTACK, "extract-grid", "shapes/dataset_shapes.json", "shapes", "--backbone",
+         "resnet18", "--weights", "random", "--image-size", "64", "--grid", "2", "--batch", "1",
+         "--workers", "2", "--features-root", "features"], cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        partial = wait_for(lambda: next((tmp_path / "features").glob("*.partial"), None))
+        wait_for(lambda: committed_records(partial) >= 2)
+        os.kill(proc.pid, sig)  # the main process only, as a scheduler or a user would
+        assert proc.wait(60) != 0
+        lock = partial.with_name(partial.name.replace(".partial", ".lock"))
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while held
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+

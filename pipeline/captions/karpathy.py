@@ -14,9 +14,10 @@ file, the image and the field.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pipeline.core.errors import CapstackError
@@ -71,8 +72,13 @@ MAX_ID = 2 ** 63 - 1  # image ids key feature stores as int64
 _KNOWN_IMAGE_KEYS = {"filepath", "filename", "imgid", "cocoid", "split", "sentids", "sentences"}
 
 
-def load_karpathy(path: str | Path) -> KarpathyDataset:
-    """Read and validate a Karpathy-format json."""
+def load_karpathy(path: str | Path, *, images_inside_root: bool = True) -> KarpathyDataset:
+    """Read and validate a Karpathy-format json.
+
+    With ``images_inside_root`` (what every command that opens the images asks,
+    unless the user passes ``--images-outside-root``), an image whose
+    ``filepath``/``filename`` is absolute or climbs out with ``..`` is refused: a
+    dataset file from elsewhere must not make capstack read ``/etc/passwd``."""
     path = Path(path)
     data = read_json(path, "dataset json")
     images_raw = data.get("images") if isinstance(data, dict) else None
@@ -82,7 +88,19 @@ def load_karpathy(path: str | Path) -> KarpathyDataset:
         raise CapstackError(f'{path}: "images" is empty')
     images = tuple(_parse_image(path, i, raw) for i, raw in enumerate(images_raw))
     _check_unique_ids(path, images)
+    if images_inside_root:
+        _check_inside_root(path, images)
     return KarpathyDataset(path=path, name=str(data.get("dataset", path.stem)), images=images)
+
+
+def _check_inside_root(path: Path, images) -> None:
+    for im in images:
+        relpath = PurePosixPath(im.relpath)
+        if relpath.is_absolute() or os.pardir in relpath.parts:
+            raise CapstackError(
+                f"{path}: images[{im.index}] (imgid {im.imgid}): {im.relpath!r} leaves the "
+                f"image root; images are read only below it unless you pass "
+                f"--images-outside-root")
 
 
 def _int_field(path: Path, where: str, raw: dict, key: str) -> int:

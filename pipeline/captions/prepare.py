@@ -52,7 +52,7 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
         raise CapstackError(f"prepare: --min-count must be at least 1, got {min_count}")
     if max_len < 1:
         raise CapstackError(f"prepare: --max-len must be at least 1, got {max_len}")
-    dataset = load_karpathy(dataset_json)
+    dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
     vocab = Vocabulary.build(
         (s.tokens for im in dataset.split("train") for s in im.sentences), min_count)
     labels, lengths, starts, ends = encode_captions(dataset, vocab, max_len, progress)

@@ -19,6 +19,21 @@ from pathlib import Path
 
 from pipeline.core.errors import CapstackError
 
+# Locks this process holds, by fd. A forked child (a DataLoader worker) inherits the fds, and
+# flock is held while any copy is open: orphan workers of a killed run would keep holding its
+# lock for the seconds they take to notice. So every child closes its copies at once.
+_HELD: set[int] = set()
+
+
+def _drop_inherited_locks() -> None:
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
 
 def _describe_holder(lock_path: Path) -> str:
     try:
@@ -53,9 +68,11 @@ def exclusive_run(lock_path: str | os.PathLike, what: str):
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
+        _HELD.add(fd)
         try:
             yield
         finally:
+            _HELD.discard(fd)
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:

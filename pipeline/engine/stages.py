@@ -34,6 +34,7 @@ from pipeline.core.hashing import HashCache
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import code_files, project_root
 from pipeline.engine.stagefile import Stage, StagesFile
+from pipeline.features.stores.pointer import target_of
 
 UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
 LOCK_SCHEMA = 1
@@ -93,10 +94,11 @@ class Pipeline:
     """
 
     def __init__(self, stages_file: StagesFile, workdir: str | os.PathLike,
-                 commands: Mapping[str, str]):
+                 commands: Mapping[str, str], outs_outside_workdir: bool = False):
         self.file = stages_file
         self.workdir = Path(workdir).resolve()
         self.commands = dict(commands)
+        self.outs_outside_workdir = outs_outside_workdir
         self.state_dir = self.workdir / ".capstack"
         self.lock_path = self.workdir / f"{stages_file.path.stem}.lock"
         self._hashes = HashCache(self.state_dir / "hashes.sqlite")
@@ -192,6 +194,8 @@ class Pipeline:
                 reasons.append(f"{kind} {p} added")
             elif (recorded[p] or {}).get("md5") != now["md5"]:
                 reasons.append(f"{kind} {p} {verb}")
+            elif (target := target_of(self._path(p))) is not None and not target.exists():
+                reasons.append(f"{kind} {p} points to {target}, which is gone")
         return reasons
 
     def statuses(self) -> dict[str, StageStatus]:
@@ -260,7 +264,19 @@ class Pipeline:
             self._execute(stage)
             return True
 
+    def _check_outs_inside(self, stage: Stage) -> None:
+        """Refuse an out outside the workdir (``../x``, ``/abs``) unless the user opted in:
+        a careless path would otherwise be written, and later replaced, wherever it points."""
+        outside = [o for o in stage.outs if os.path.isabs(o) or o == os.pardir
+                   or o.startswith(os.pardir + os.sep)]
+        if outside and not self.outs_outside_workdir:
+            raise CapstackError(
+                f"{self.file.path}: stages.{stage.name}.outs: '{outside[0]}' is outside the "
+                f"workdir {self.workdir}; outs are written inside it unless you pass "
+                f"--outs-outside-workdir")
+
     def _execute(self, stage: Stage) -> None:
+        self._check_outs_inside(stage)
         deps = self._digests(stage.deps)
         missing = [p for p, d in deps.items() if d is None]
         if missing:

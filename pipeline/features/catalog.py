@@ -16,7 +16,7 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
     """Raise naming the first dataset image the store lacks; images skipped at
     extraction (unreadable files) are counted, not fatal."""
     store = open_store(store_path)
-    dataset = load_karpathy(dataset_json)
+    dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
     skipped = store.meta.get("skipped", {})
     lacking = [im.image_id for im in dataset.images
                if im.image_id not in store and str(im.image_id) not in skipped]

@@ -68,7 +68,8 @@ def batch_model(extractor: GridExtractor, device: torch.device):
 def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *,
                  out: Path | None = None, root: Path | None = None, format: str | None = None,
                  pointer: Path | None = None, batch_size: int = 16, workers: int = 2,
-                 device: str | None = None, progress: bool = True) -> JobResult:
+                 device: str | None = None, progress: bool = True,
+                 images_outside_root: bool = False) -> JobResult:
     weights = resolve_weights(settings.backbone, settings.weights)
     dev = pick_device(device)
     channels = feature_channels(build_resnet(settings.backbone), settings.layer)
@@ -84,6 +85,7 @@ def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *
     job = ExtractionJob(
         kind="grid", backbone=settings.backbone, dataset_json=Path(dataset_json),
         image_root=Path(image_root), dtype=settings.dtype, out=out, root=root, format=format,
+        images_outside_root=images_outside_root,
         schema=Schema((field("features", (channels,), settings.dtype),), grid=settings.grid),
         settings={"extractor": "extract-grid", "features_version": FEATURES_VERSION,
                   "weights_md5": weights.md5, "image_size": settings.image_size,

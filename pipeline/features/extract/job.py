@@ -39,6 +39,7 @@ class ExtractionJob:
     out: Path | None = None
     root: Path | None = None
     format: str | None = None
+    images_outside_root: bool = False  # the user opted in to ../ and absolute image paths
 
 
 @dataclass
@@ -71,7 +72,7 @@ def run_job(job: ExtractionJob, make_model: Callable[[], BatchModel], transform,
 
 def _run_job(job, make_model, transform, batch_size, workers, pointer, progress, pin_memory,
              ranks: Ranks) -> JobResult:
-    dataset = load_karpathy(job.dataset_json)
+    dataset = load_karpathy(job.dataset_json, images_inside_root=not job.images_outside_root)
     root = features_root(job.root)
     images = None
     if ranks.main:  # one process reads (and caches) the image hashes

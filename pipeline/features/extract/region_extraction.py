@@ -119,7 +119,7 @@ def build_extractor(s: RegionSettings, weights_path: str, weights_md5: str | Non
 
 def given_boxes(dataset_json: Path) -> dict[int, np.ndarray]:
     """Each image's boxes from the json's ``boxes`` field ([x1, y1, x2, y2] or {"box": [...]})."""
-    dataset = load_karpathy(dataset_json)
+    dataset = load_karpathy(dataset_json, images_inside_root=False)  # the boxes only
     return {im.image_id: _image_boxes(dataset_json, im) for im in dataset.images}
 
 
@@ -189,7 +189,8 @@ def detector_settings(s: RegionSettings, probe) -> tuple[str, dict, dict]:
 def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
                     out: Path | None = None, root: Path | None = None, format: str | None = None,
                     pointer: Path | None = None, batch_size: int = 4, workers: int = 2,
-                    device: str | None = None, progress: bool = True) -> JobResult:
+                    device: str | None = None, progress: bool = True,
+                    images_outside_root: bool = False) -> JobResult:
     if s.boxes not in ("detect", "given"):
         raise CapstackError(f"--boxes: expected detect or given, got {s.boxes!r}")
     if not 0 <= s.min_boxes <= s.max_boxes:
@@ -212,6 +213,7 @@ def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
     job = ExtractionJob(
         kind="regions", backbone=backbone, dataset_json=Path(dataset_json),
         image_root=Path(image_root), dtype=s.dtype, out=out, root=root, format=format,
+        images_outside_root=images_outside_root,
         schema=region_schema_for(probe, s),
         settings=settings, describe={"weights": weights_path, "layer": probe.layer,
                                      "resize": f"shorter side {s.min_size}, longer at most "

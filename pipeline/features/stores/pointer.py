@@ -1,4 +1,9 @@
-"""Pointer files: a small json naming a shared store, written as a stage's out."""
+"""Pointer files: a small json naming a shared store, written as a stage's out.
+
+The stage's out is the pointer, inside the workdir; the store it names lives
+in the shared features root. So a stage is up to date only while both are
+there: the stages engine asks :func:`target_of` for what an out stands for.
+"""
 
 from __future__ import annotations
 
@@ -21,3 +26,13 @@ def read_pointer(pointer: str | Path) -> Path:
     if not isinstance(data, dict) or not isinstance(data.get("store"), str):
         raise CapstackError(f"{pointer}: not a store pointer (expected {{\"store\": ...}})")
     return Path(data["store"])
+
+
+def target_of(path: Path) -> Path | None:
+    """The store ``path`` points to when it is a pointer file; None for any other file."""
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        return read_pointer(path)
+    except CapstackError:
+        return None
