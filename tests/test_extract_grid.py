@@ -126,7 +126,7 @@ def test_bad_files_are_skipped_recorded_and_extraction_goes_on(shapes, tmp_path)
     bad_json = tmp_path / "dataset_bad.json"
     bad_json.write_text(json.dumps(data))
     result = extract_grid(bad_json, image_root, SETTINGS, root=tmp_path / "f", batch_size=4,
-                          workers=0, progress=False)
+                          workers=0, progress=False, images_outside_root=True)
     assert result.extracted == 10 and result.skipped == 4
     store = open_store(result.store)
     assert set(store.meta["skipped"]) == {"0", "1", "2", "3"}
