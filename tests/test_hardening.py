@@ -290,7 +290,7 @@ def test_a_store_with_a_flipped_bit_is_named_by_verify_deep_and_by_training(data
     root, prepared, _ = data
     ids = load_captions(prepared).image_ids
     store = write_feature_store(tmp_path / name, ids, kind="grid")
-    assert open_store(store).meta["record_checksum"] in ("crc32", "fletcher32")
+    assert open_store(store).meta["record_checksum"] in ("xxh3_64", "fletcher32")
     image_id = flip_one_bit_of_a_record(store)
     dataset = root / "shapes" / "dataset_shapes.json"
     deep = capstack("verify", store, "--dataset", dataset, "--deep", cwd=tmp_path)
@@ -409,6 +409,24 @@ def test_an_id_beyond_64_bits_and_100k_deep_json_or_yaml_are_named(tmp_path):
         result = capstack(*args, cwd=tmp_path)
         assert result.returncode == 1 and message in result.stderr, (args, result.stderr)
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+def test_an_hdf5_store_with_a_flipped_bit_in_its_index_is_named_by_plain_verify(data,
+                                                                                 tmp_path):
+    import numpy as np
+
+    root, prepared, _ = data
+    ids = load_captions(prepared).image_ids
+    store = write_feature_store(tmp_path / "grid.h5", ids, kind="grid")
+    raw = bytearray(store.read_bytes())
+    at = raw.find(np.array(ids, np.int64).tobytes())
+    assert at > 0
+    raw[at + 8] ^= 0x01  # the second image's id
+    store.write_bytes(bytes(raw))
+    result = capstack("verify", store, "--dataset", root / "shapes" / "dataset_shapes.json",
+                      cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"{store}: the record index is damaged (" in result.stderr, result.stderr
 
 
 # -- 7. sizes without bounds ---------------------------------------------------------------------

@@ -6,9 +6,10 @@ Layout of the environment (a folder ending in ``.lmdb``):
   then each declared field's N rows in the schema's order, ``features`` first
   (so a record of the first format, features then boxes, scores, classes, reads
   as one of today's with those fields declared), then, when the metadata says
-  ``"record_checksum": "crc32"`` (every store written since), the CRC-32 of all
-  that (``<I``). LMDB checks nothing itself: a flipped bit on disk would be read
-  as a feature value, so each read checks the records it touches;
+  ``"record_checksum": "xxh3_64"`` (every store written since), the XXH3-64 hash
+  of all that (``<Q``). LMDB checks nothing itself: a flipped bit on disk would
+  be read as a feature value, so each read checks the records it touches (XXH3
+  hashes a 147 KB record in about 3 us, CRC-32 in 33 us: a copy of it takes 4.5);
 * ``s:<image id>`` -> the reason the image was skipped;
 * ``__meta__`` -> the metadata JSON; ``__ids__`` -> the record ids (int64),
   written by ``finish``; ``__progress__`` -> a streaming writer's progress note
@@ -26,11 +27,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-import zlib
+from functools import cached_property
 from pathlib import Path
 
 import lmdb
 import numpy as np
+from xxhash import xxh3_64_intdigest
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
@@ -38,8 +40,8 @@ from pipeline.features.stores.lmdb_pages import check_complete
 from pipeline.features.stores.schema import Schema
 
 _HEADER = struct.Struct("<iiii")
-_CRC = struct.Struct("<I")
-CHECKSUM = "crc32"
+_CHECKSUM = struct.Struct("<Q")
+CHECKSUM = "xxh3_64"
 _META, _IDS, _PROGRESS = b"__meta__", b"__ids__", b"__progress__"
 _MAP_SIZE = 1 << 40  # address space only; the file grows with the data
 
@@ -56,26 +58,28 @@ def encode_record(record: Record, schema: Schema, checksum: bool = True) -> byte
     n = record.num
     body = b"".join([_HEADER.pack(n, schema.feature_dim, record.height, record.width),
                      *(np.ascontiguousarray(record[f.name]).tobytes() for f in schema.fields)])
-    return body + _CRC.pack(zlib.crc32(body)) if checksum else body
+    return body + _CHECKSUM.pack(xxh3_64_intdigest(body)) if checksum else body
 
 
-def check_record_bytes(buf, schema: Schema, checksum: bool, where, image_id: int) -> None:
-    """Refuse a record whose length disagrees with its header or, in a store that keeps
-    checksums, whose CRC-32 does not match: it was damaged after it was written."""
-    trailer = _CRC.size if checksum else 0
-    n = _HEADER.unpack_from(buf, 0)[0] if len(buf) >= _HEADER.size else -1
-    if n < 0 or len(buf) != record_size(n, schema) + trailer:
-        raise CapstackError(f"{where}: image {image_id}: record is damaged ({len(buf)} bytes "
+def check_record_bytes(buf, row_bytes: int, checksum: bool, where, image_id: int) -> None:
+    """Refuse a record whose length disagrees with its header (``row_bytes`` a row, every field)
+    or, in a store that keeps checksums, whose hash does not match: it was damaged after it
+    was written. Called once per record read, so kept to a few operations."""
+    trailer = _CHECKSUM.size if checksum else 0
+    size = len(buf)
+    n = _HEADER.unpack_from(buf, 0)[0] if size >= _HEADER.size else -1
+    if n < 0 or size != _HEADER.size + n * row_bytes + trailer:
+        raise CapstackError(f"{where}: image {image_id}: record is damaged ({size} bytes "
                             f"do not match its header); re-extract the store")
-    if checksum and zlib.crc32(memoryview(buf)[:-trailer]) != _CRC.unpack_from(buf, len(buf) -
-                                                                               trailer)[0]:
+    if trailer and xxh3_64_intdigest(buf[:size - trailer]) != \
+            _CHECKSUM.unpack_from(buf, size - trailer)[0]:
         raise CapstackError(f"{where}: image {image_id}: record is damaged (checksum mismatch); "
                             f"re-extract the store (capstack verify --deep checks every record)")
 
 
-def record_size(n: int, schema: Schema) -> int:
-    """Bytes of a record of ``n`` rows without its checksum: the header, then every field."""
-    return _HEADER.size + sum(n * f.row_size * f.dtype.itemsize for f in schema.fields)
+def row_bytes(schema: Schema) -> int:
+    """Bytes of one row of every field: a record of N rows is the header and N of these."""
+    return sum(f.row_size * f.dtype.itemsize for f in schema.fields)
 
 
 def field_offsets(n: int, schema: Schema) -> list[int]:
@@ -189,9 +193,13 @@ def shared_env(path) -> lmdb.Environment:
 
 
 class LmdbReader(StoreReader):
-    @property
+    @cached_property
     def checksums(self) -> bool:
         return self.meta.get("record_checksum") == CHECKSUM
+
+    @cached_property
+    def row_bytes(self) -> int:
+        return row_bytes(self.schema)
 
     def _open(self) -> lmdb.Environment:
         try:
@@ -215,7 +223,7 @@ class LmdbReader(StoreReader):
             buf = txn.get(_record_key(image_id))
             if buf is None:
                 raise CapstackError(f"{self.path}: record of image {image_id} is missing")
-            check_record_bytes(buf, self.schema, self.checksums, self.path, image_id)
+            check_record_bytes(buf, self.row_bytes, self.checksums, self.path, image_id)
             return decode_record(buf, self.schema)
 
     def read_batch(self, image_ids, max_rows=None, allocate=np.empty, fields=()) -> Batch:
@@ -231,8 +239,6 @@ class LmdbReader(StoreReader):
             if any(b is None for b in bufs):
                 missing = next(i for i, b in zip(image_ids, bufs) if b is None)
                 raise KeyError(f"{self.path}: no record for image {missing}")
-            for image_id, buf in zip(image_ids, bufs):
-                check_record_bytes(buf, self.schema, self.checksums, self.path, int(image_id))
             heads = [_HEADER.unpack_from(b, 0) for b in bufs]
             rows = max((h[0] for h in heads), default=0)
             rows = min(rows, max_rows) if max_rows else rows
@@ -242,7 +248,9 @@ class LmdbReader(StoreReader):
             extra = self._padded(fields, rows, len(bufs))
             wanted = [(self.schema.names.index(name), self.schema.get(name), array)
                       for name, array in extra.items()]
+            check, size, checksums = check_record_bytes, self.row_bytes, self.checksums
             for k, (buf, m) in enumerate(zip(bufs, counts.tolist())):
+                check(buf, size, checksums, self.path, image_ids[k])  # before the batch leaves
                 flat[k, :m * d] = np.frombuffer(buf, dtype, m * d, head)
                 if m < rows:
                     flat[k, m * d:] = 0
