@@ -262,7 +262,7 @@ def test_nan_in_a_store_fails_verify_deep_and_stops_training_naming_the_images(d
     assert result.returncode == 1
     assert "run: the loss is nan at step" in result.stderr and str(ids[0]) in result.stderr, \
         result.stderr
-    assert not (tmp_path / "run" / "last.pt").exists()
+    assert not (tmp_path / "run").exists()  # 11: no checkpoint, so no run folder left behind
 
 
 def flip_one_bit_of_a_record(store: Path) -> int:
@@ -354,17 +354,28 @@ def test_a_full_disk_names_the_store_keeps_its_records_and_the_rerun_resumes(dat
     assert len(open_store(next(disk.glob("grid-*.lmdb")))) == 20
 
 
-def test_a_training_on_a_full_disk_names_the_checkpoint_and_keeps_the_run_readable(
+def test_a_training_on_a_full_disk_names_the_checkpoint_and_keeps_the_last_good_one(
         data, tmp_path, small_disk):
+    from trainer.checkpoint import load_checkpoint
+
     _, prepared, grid = data
-    disk = small_disk("disk", "64k")
+    disk = small_disk("disk", "2m")
     exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                            features=[grid], epochs=1)
-    result = capstack("train", exp, "--out", disk / "run", cwd=tmp_path)
+    assert capstack("train", exp, "--out", disk / "run", cwd=tmp_path).returncode == 0
+    with open(disk / "filler", "wb") as filler:  # the disk fills up between two trainings
+        with pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+    result = capstack("train", exp, "--out", disk / "run", "--set", "train.epochs=2",
+                      cwd=tmp_path)
     assert result.returncode == 1
-    assert f"{disk / 'run'}/best.pt: cannot write it (No space left on device)" in \
-        result.stderr, result.stderr
-    assert json.loads((disk / "run" / "config.json").read_text())["name"] == "exp"
+    assert f"{disk / 'run'}/" in result.stderr and ": cannot write it (No space left on " \
+        "device); nothing written before was changed" in result.stderr, result.stderr
+    assert load_checkpoint(disk / "run" / "last.pt")["epoch"] == 1  # whole, and the last good
+    for line in (disk / "run" / "metrics.jsonl").read_text().splitlines():
+        json.loads(line)  # no half-written line for a resume to choke on
     assert not list((disk / "run").glob(".*tmp*"))  # no half-written checkpoint left
 
 

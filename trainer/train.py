@@ -38,7 +38,7 @@ from tqdm import tqdm
 import pipeline
 from pipeline.captions.prepared import Captions, load_captions
 from pipeline.core.atomic import atomic_file, unused_sibling
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, cannot_write
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
@@ -247,8 +247,7 @@ class Run:
     def log(self, entry: dict) -> None:
         if not self.ranks.main:
             return
-        with open(self.out_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        append_line(self.out_dir / "metrics.jsonl", json.dumps(entry))
         if self.events is not None:
             step = entry.get("step", self.step)
             for key, value in entry.items():
@@ -375,10 +374,36 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
         try:
             return train_ranks(config, out_dir, ranks, progress, restart_on_change)
         except BaseException:
-            if made_here and ranks.main:  # a refusal before any output leaves no empty folder
-                with suppress(OSError):
-                    out_dir.rmdir()
+            if made_here and ranks.main:
+                remove_unfinished_run(out_dir)
             raise
+
+
+def remove_unfinished_run(out_dir: Path) -> None:
+    """A run folder this training made and failed before any checkpoint: its config and its
+    log of a few steps are all it holds (the error said what went wrong), so it goes rather
+    than look like a run. Anything else found in it keeps it."""
+    if any(out_dir.glob("*.pt")):
+        return
+    for name in ("config.json", "metrics.jsonl"):
+        with suppress(OSError):
+            (out_dir / name).unlink()
+    with suppress(OSError):
+        out_dir.rmdir()
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` to a log; when the disk refuses it, cut what was written of it (a
+    resume reads every line) and say which file."""
+    with open(path, "a") as f:
+        start = f.tell()
+        try:
+            f.write(line + "\n")
+            f.flush()
+        except OSError as error:
+            with suppress(OSError):
+                f.truncate(start)
+            raise cannot_write(path, error) from None
 
 
 @contextmanager

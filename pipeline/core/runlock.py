@@ -66,14 +66,16 @@ def exclusive_run(lock_path: str | os.PathLike, what: str):
             "started": time.time(),
             "command": " ".join(["capstack", *sys.argv[1:]]),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        with contextlib.suppress(OSError):  # on a full disk the lock holds all the same
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
         _HELD.add(fd)
         try:
             yield
         finally:
             _HELD.discard(fd)
-            os.ftruncate(fd, 0)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
