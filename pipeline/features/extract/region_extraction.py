@@ -63,13 +63,18 @@ class RegionSettings:
 
 def region_schema_for(extractor, s: RegionSettings) -> Schema:
     """The fields every region record of this extractor carries."""
-    fields = [field("features", (extractor.feature_dim,), s.dtype),
+    return region_schema(extractor.feature_dim, s.dtype, getattr(extractor, "top_attributes", 0))
+
+
+def region_schema(feature_dim: int, dtype: str, top_attributes: int = 0) -> Schema:
+    """Region records: features, boxes, scores, classes (and the ``top_attributes`` best
+    attributes with their scores, when there are any)."""
+    fields = [field("features", (feature_dim,), dtype),
               field("boxes", (4,), "float32"), field("scores", (), "float32"),
               field("classes", (), "int32")]
-    top = getattr(extractor, "top_attributes", 0)
-    if top:
-        fields += [field("attributes", (top,), "int32"),
-                   field("attribute_scores", (top,), "float32")]
+    if top_attributes:
+        fields += [field("attributes", (top_attributes,), "int32"),
+                   field("attribute_scores", (top_attributes,), "float32")]
     return Schema(tuple(fields))
 
 
