@@ -121,16 +121,41 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
     def step(self, words: Tensor, state: State, ctx: Context) -> tuple[Tensor, State, Tensor | None]:
-        """words [N] -> logits [N, V], the next state, attention [N, L] (or None)."""
+        """words [N] -> logits [N, V], the next state, attention [N, L] (or None).
+
+        A decoder whose logits are a readout of what the step computed implements
+        :meth:`step_hidden` and :meth:`readout` instead, and this composes them."""
+        hidden, state, alpha = self.step_hidden(words, state, ctx)
+        return self.readout(hidden), state, alpha
+
+    def step_hidden(self, words: Tensor, state: State, ctx: Context
+                    ) -> tuple[Tensor, State, Tensor | None]:
+        """words [N] -> what the readout reads [N, H], the next state, attention [N, L]."""
         raise NotImplementedError
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        """[..., H] -> logits [..., V]: the vocabulary projection, applied to any leading
+        shape, so teacher forcing projects every step of every caption at once."""
+        raise NotImplementedError
+
+    @property
+    def reads_out_once(self) -> bool:
+        """Whether teacher forcing may project all steps at once (the decoder splits its step)."""
+        return type(self).step_hidden is not Decoder.step_hidden
 
     def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
         """Teacher forcing over captions [N, T+1] (<bos> first): logits for positions 1..T.
 
         ``ctx`` holds one row per caption (:func:`expand_context`). ``feed``, when
         given, picks each step's input words after the first from the caption's
-        and the previous step's logits (scheduled sampling).
+        and the previous step's logits (scheduled sampling). Without a feed, a
+        decoder that splits its step runs the recurrence alone and projects all
+        T steps in one matrix product, whose backward is one product too: on a
+        CPU the per-step projections, their gradient sums and the copies of
+        [N, T, V] logits were a third of an XE step.
         """
+        if feed is None and self.reads_out_once:
+            return self._forward_read_out_once(ctx, captions)
         state = self.init_state(ctx)
         logits, alphas = [], []
         for t in range(captions.shape[1] - 1):
@@ -139,6 +164,16 @@ class Decoder(nn.Module):
             logits.append(step_logits)
             alphas.append(alpha)
         return DecoderOutput(torch.stack(logits, 1),
+                             torch.stack(alphas, 1) if alphas[0] is not None else None)
+
+    def _forward_read_out_once(self, ctx: Context, captions: Tensor) -> DecoderOutput:
+        state = self.init_state(ctx)
+        hiddens, alphas = [], []
+        for t in range(captions.shape[1] - 1):
+            hidden, state, alpha = self.step_hidden(captions[:, t], state, ctx)
+            hiddens.append(hidden)
+            alphas.append(alpha)
+        return DecoderOutput(self.readout(torch.stack(hiddens, 1)),
                              torch.stack(alphas, 1) if alphas[0] is not None else None)
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,

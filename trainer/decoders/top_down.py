@@ -58,10 +58,13 @@ class TopDown(Decoder):
         zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.config.hidden)
         return zeros, zeros, zeros, zeros  # h1, c1, h2, c2
 
-    def step(self, words: Tensor, state: State, ctx: Context):
+    def step_hidden(self, words: Tensor, state: State, ctx: Context):
         h1, c1, h2, c2 = state
         x1 = torch.cat([h2, ctx["mean"], self.dropout(self.word_embed(words))], 1)
         h1, c1 = self.attention_lstm(x1, (h1, c1))
         attended, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h1)
         h2, c2 = self.language_lstm(torch.cat([attended, h1], 1), (h2, c2))
-        return self.out(self.dropout(h2)), (h1, c1, h2, c2), alpha
+        return h2, (h1, c1, h2, c2), alpha
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        return self.out(self.dropout(hidden))  # p(y_t) = softmax(W_p h2_t + b_p)

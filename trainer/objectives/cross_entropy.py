@@ -40,8 +40,8 @@ class CrossEntropyConfig:
 
 def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """-log p of every real target token (<eos> included, <pad> ignored), summed."""
-    return F.cross_entropy(logits.transpose(1, 2).float(), targets, ignore_index=0,
-                           reduction="sum")
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=0, reduction="sum")  # rows: log-softmax on contiguous V
 
 
 class ScheduledSampling:
