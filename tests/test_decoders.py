@@ -16,6 +16,8 @@ from trainer.data import caption_tensor
 from trainer.decode import beam_search, greedy, sample
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Decoder, DecoderOutput
+from trainer.modules.dropout import Dropout
+from trainer.modules.parts_lstm import PartsLSTMCell
 from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_xe, teacher_forced,
                               tiny_decoder_config)
 
@@ -106,6 +108,55 @@ def test_beam_of_one_equals_greedy(handful, name):
     assert torch.allclose(g.logprobs, b.logprobs, atol=1e-5)
     if g.alphas is not None:
         assert torch.allclose(g.alphas, b.alphas)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_teacher_forcing_gives_the_logits_of_the_step_by_step_decoder(handful, name):
+    """Teacher forcing (words embedded and projected for all steps at once where a decoder
+    splits its step) computes what the step decoding paths compute, to float rounding."""
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(2)
+    model = make_decoder(name, tiny_decoder_config(name), vocab_size, 16).eval()
+    with torch.no_grad():
+        forced = teacher_forced(model, feats, mask, captions)
+        ctx = model.encode(feats, mask)
+        state, stepped = model.init_state(ctx), []
+        for t in range(captions.shape[1] - 1):
+            logits, state, _ = model.step(captions[:, t], state, ctx)
+            stepped.append(logits)
+    torch.testing.assert_close(forced.logits, torch.stack(stepped, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_parts_lstm_cell_is_the_lstm_cell_of_the_concatenated_parts_and_loads_its_weights():
+    """PartsLSTMCell computes nn.LSTMCell's (h, c) on [a, b, c] with a as the step's input and
+    b, c projected ahead, from the very weights an nn.LSTMCell saved (old checkpoints load)."""
+    torch.manual_seed(0)
+    cell = torch.nn.LSTMCell(2 + 3 + 4, 5)
+    parts = PartsLSTMCell({"a": 2, "b": 3, "c": 4}, ["a"], 5)
+    parts.load_state_dict(cell.state_dict())
+    a, b, c = torch.randn(6, 2), torch.randn(6, 3), torch.randn(6, 4)
+    state = torch.randn(6, 5), torch.randn(6, 5)
+    expected = cell(torch.cat([a, b, c], 1), state)
+    got = parts([a], parts.project("b", b, with_bias=True) + parts.project("c", c), state)
+    torch.testing.assert_close(got, expected)
+    assert {k: tuple(v.shape) for k, v in parts.state_dict().items()} == {
+        "step_weight": (20, 2 + 5), "bias": (20,), "ahead.b": (20, 3), "ahead.c": (20, 4)}
+    with pytest.raises(ValueError, match=r"step parts \['x'\]"):
+        PartsLSTMCell({"a": 2}, ["x"], 5)
+
+
+def test_dropout_keeps_a_bernoulli_share_scaled_as_torchs_and_passes_its_gradient():
+    torch.manual_seed(0)
+    drop, x = Dropout(0.3), torch.randn(200, 500, requires_grad=True)
+    y = drop(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01  # 100k draws: sd 0.0014
+    torch.testing.assert_close(y[kept], x[kept] / 0.7)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / 0.7)
+    assert not torch.equal(drop(x), y)  # a new mask each call
+    assert torch.equal(drop.eval()(x), x)
+    assert torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
 
 
 class TableDecoder(Decoder):

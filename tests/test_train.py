@@ -12,7 +12,7 @@ import yaml
 
 from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
@@ -128,6 +128,23 @@ def test_resume_mid_epoch_from_a_step_checkpoint(data, tmp_path, monkeypatch):
     resumed = train(load_experiment(path), tmp_path / "split", progress=False)
     assert resumed.resumed_at == (0, 2)
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
+
+
+def test_resume_refuses_an_optimiser_state_of_other_weight_shapes(data, tmp_path):
+    """A run saved when top_down's attention LSTM was one nn.LSTMCell resumes its weights
+    (converted on load) but not Adam's moments of the old shapes: the error names the file."""
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="top_down", captions=prepared,
+                            features=[grid], epochs=2)
+    train(load_experiment(path, ["train.epochs=1"]), tmp_path / "run", progress=False)
+    last = tmp_path / "run" / "last.pt"
+    ckpt = load_checkpoint(last)
+    moments = next(s for s in ckpt["optimizer"]["state"].values() if s["exp_avg"].dim() == 2)
+    moments["exp_avg"] = moments["exp_avg"][:, :-1]  # as the old weight_ih's wider moments differ
+    save_checkpoint(last, {k: v for k, v in ckpt.items() if k != "path"})
+    with pytest.raises(CapstackError, match=r"last\.pt: its optimiser state does not fit this "
+                                            r"model .*exp_avg.*train\.init_from"):
+        train(load_experiment(path), tmp_path / "run", progress=False)
 
 
 def test_checkpoint_refused_on_other_stores_or_config(data, tmp_path):

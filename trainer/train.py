@@ -197,6 +197,7 @@ class Run:
             now = f"{self.start['path']} (md5 {self.start['md5']})" if self.start else "scratch"
             raise CapstackError(f"{path}: this run started from {was}, the config asks {now}")
         self.model.load_state_dict(ckpt["model"])
+        check_optimiser_state(ckpt["optimizer"], self.optimizer, path)
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.objective.load_state_dict(ckpt["objective"])
@@ -343,6 +344,22 @@ class Run:
             self.save("best.pt")
         self.save("last.pt")
         return cider
+
+
+def check_optimiser_state(saved: dict, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Refuse a saved optimiser state whose moments do not have their parameters' shapes (a run
+    saved by a capstack whose decoder kept its weights in other blocks): torch would load it
+    and fail at the first step with a size mismatch naming no file."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, state in saved.get("state", {}).items():
+        shape = params[index].shape if 0 <= index < len(params) else None
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != shape:
+                raise CapstackError(
+                    f"{path}: its optimiser state does not fit this model (parameter {index}'s "
+                    f"{key} is {list(value.shape)}, the parameter {list(shape or [])}): saved by "
+                    f"a capstack whose decoder kept other weight shapes; start a new run from "
+                    f"its weights instead (train.init_from: {path})")
 
 
 def require_splits(captions: Captions, where) -> None:

@@ -124,13 +124,20 @@ class Decoder(nn.Module):
         """words [N] -> logits [N, V], the next state, attention [N, L] (or None).
 
         A decoder whose logits are a readout of what the step computed implements
-        :meth:`step_hidden` and :meth:`readout` instead, and this composes them."""
-        hidden, state, alpha = self.step_hidden(words, state, ctx)
+        :meth:`step_hidden` and :meth:`readout` instead (and :meth:`embed_words` where a
+        step's use of its words can be computed ahead), and this composes them."""
+        hidden, state, alpha = self.step_hidden(self.embed_words(words), state, ctx)
         return self.readout(hidden), state, alpha
 
-    def step_hidden(self, words: Tensor, state: State, ctx: Context
+    def embed_words(self, words: Tensor) -> Tensor:
+        """Word ids [...] -> what a step reads of them, [..., E] (the ids themselves unless
+        overridden): for any leading shape, so teacher forcing computes every step's at once."""
+        return words
+
+    def step_hidden(self, inputs: Tensor, state: State, ctx: Context
                     ) -> tuple[Tensor, State, Tensor | None]:
-        """words [N] -> what the readout reads [N, H], the next state, attention [N, L]."""
+        """:meth:`embed_words` of the step's words [N, ...] -> what the readout reads [N, H],
+        the next state, attention [N, L]."""
         raise NotImplementedError
 
     def readout(self, hidden: Tensor) -> Tensor:
@@ -149,10 +156,10 @@ class Decoder(nn.Module):
         ``ctx`` holds one row per caption (:func:`expand_context`). ``feed``, when
         given, picks each step's input words after the first from the caption's
         and the previous step's logits (scheduled sampling). Without a feed, a
-        decoder that splits its step runs the recurrence alone and projects all
-        T steps in one matrix product, whose backward is one product too: on a
-        CPU the per-step projections, their gradient sums and the copies of
-        [N, T, V] logits were a third of an XE step.
+        decoder that splits its step embeds every step's words at once, runs the
+        recurrence alone and projects all T steps in one matrix product, whose
+        backward is one product too: on a CPU the per-step projections, their
+        gradient sums and the copies of [N, T, V] logits were a third of an XE step.
         """
         if feed is None and self.reads_out_once:
             return self._forward_read_out_once(ctx, captions)
@@ -169,8 +176,8 @@ class Decoder(nn.Module):
     def _forward_read_out_once(self, ctx: Context, captions: Tensor) -> DecoderOutput:
         state = self.init_state(ctx)
         hiddens, alphas = [], []
-        for t in range(captions.shape[1] - 1):
-            hidden, state, alpha = self.step_hidden(captions[:, t], state, ctx)
+        for inputs in self.embed_words(captions[:, :-1].t()).unbind(0):  # T x [N, ...]
+            hidden, state, alpha = self.step_hidden(inputs, state, ctx)
             hiddens.append(hidden)
             alphas.append(alpha)
         return DecoderOutput(self.readout(torch.stack(hiddens, 1)),

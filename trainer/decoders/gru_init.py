@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, State
+from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
 
 
@@ -34,7 +35,7 @@ class GRUInit(Decoder):
         self.init_proj = nn.Linear(feature_dim, config.hidden)
         self.word_embed = nn.Embedding(vocab_size, config.embed)
         self.gru = nn.GRUCell(config.embed, config.hidden)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(config.hidden, vocab_size)
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:

@@ -46,6 +46,7 @@ from trainer.decoders import DECODERS
 from trainer.decoders.base import (Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State,
                                    WordFeed)
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
+from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
 from trainer.modules.sru import SRU, SRUCell
 from trainer.modules.text_discriminator import TextDiscriminator, last_positions
@@ -124,7 +125,7 @@ class HACap(Decoder):
         self.worker = SRUCell(c.embed + feature_dim, c.worker)
         self.goal_weights = nn.Linear(c.discriminator, c.goal_size, bias=False)  # W_psi
         self.out = nn.Linear(c.worker, vocab_size * c.goal_size)  # O_t
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         for module in (self.to_goal, self.word_embed, self.gate, self.goal_weights, self.out,
                        *self.attention.modules()):
             if isinstance(module, (nn.Linear, nn.Embedding)):  # Xavier (the SRUs: orthogonal)

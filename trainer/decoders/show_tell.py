@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, State
+from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
 
 
@@ -53,7 +54,7 @@ class ShowTell(Decoder):
         self.word_embed = nn.Embedding(vocab_size, config.embed)
         self.lstm = nn.LSTM(config.embed, config.hidden, config.layers, batch_first=True,
                             dropout=config.dropout if config.layers > 1 else 0.0)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(config.hidden, vocab_size)
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:

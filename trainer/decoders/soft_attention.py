@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
+from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
 
 
@@ -53,7 +54,7 @@ class SoftAttention(Decoder):
         self.out_h = nn.Linear(h, e)  # L_h
         self.out_z = nn.Linear(feature_dim, e)  # L_z
         self.out = nn.Linear(e, vocab_size)  # L_o
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from trainer.decoders import DECODERS
 from trainer.decoders.base import (Context, DecoderConfig, DecoderOutput, LossTerms, StagedDecoder,
                                    State, WordFeed)
+from trainer.modules.dropout import Dropout
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.pooling import masked_mean
 
@@ -85,7 +86,7 @@ class StackCap(StagedDecoder):
         self.attention = nn.ModuleList(FineAttention(feature_dim, h, config.att_hidden)
                                        for _ in range(nf))
         self.outputs = nn.ModuleList(nn.Linear(h, vocab_size) for _ in range(nf + 1))
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.head = nf  # the stage whose words decoding follows
 
     @property

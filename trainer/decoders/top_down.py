@@ -18,7 +18,9 @@ from torch import Tensor, nn
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, State
 from trainer.modules.attention import AdditiveAttention
+from trainer.modules.dropout import Dropout
 from trainer.modules.feature_embed import feature_embedding
+from trainer.modules.parts_lstm import PartsLSTMCell
 from trainer.modules.pooling import masked_mean
 
 
@@ -33,7 +35,12 @@ class TopDownConfig(DecoderConfig):
 
 @DECODERS.register("top_down")
 class TopDown(Decoder):
-    """Bottom-up/top-down: an attention LSTM on [h2, v_bar, W_e Pi], attention, a language LSTM."""
+    """Bottom-up/top-down: an attention LSTM on [h2, v_bar, W_e Pi], attention, a language LSTM.
+
+    The attention LSTM's products of v_bar (once per image, in ``encode``) and of the
+    embedded words (for all steps at once under teacher forcing, ``embed_words``) are
+    taken outside the step, which multiplies only [h2, h1] (modules/parts_lstm.py).
+    """
 
     Config = TopDownConfig
 
@@ -42,26 +49,30 @@ class TopDown(Decoder):
         e, h = config.embed, config.hidden
         self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
         self.word_embed = nn.Embedding(vocab_size, e)  # W_e
-        self.attention_lstm = nn.LSTMCell(h + feature_dim + e, h)
+        self.attention_lstm = PartsLSTMCell({"h2": h, "mean": feature_dim, "word": e}, ["h2"], h)
         self.attention = AdditiveAttention(feature_dim, h, config.att_hidden)
         self.language_lstm = nn.LSTMCell(feature_dim + h, h)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(h, vocab_size)  # W_p
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         if self.feature_embed is not None:
             feats = self.feature_embed(feats)
+        mean = masked_mean(feats, mask)
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
-                "mean": masked_mean(feats, mask)}
+                "mean": mean, "mean_gates": self.attention_lstm.project("mean", mean, True)}
 
     def init_state(self, ctx: Context) -> State:
         zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.config.hidden)
         return zeros, zeros, zeros, zeros  # h1, c1, h2, c2
 
-    def step_hidden(self, words: Tensor, state: State, ctx: Context):
+    def embed_words(self, words: Tensor) -> Tensor:
+        """The words' share of the attention LSTM's gates, W_e Pi_t's product: [...] -> [..., 4h]."""
+        return self.attention_lstm.project("word", self.dropout(self.word_embed(words)))
+
+    def step_hidden(self, word_gates: Tensor, state: State, ctx: Context):
         h1, c1, h2, c2 = state
-        x1 = torch.cat([h2, ctx["mean"], self.dropout(self.word_embed(words))], 1)
-        h1, c1 = self.attention_lstm(x1, (h1, c1))
+        h1, c1 = self.attention_lstm([h2], word_gates + ctx["mean_gates"], (h1, c1))
         attended, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h1)
         h2, c2 = self.language_lstm(torch.cat([attended, h1], 1), (h2, c2))
         return h2, (h1, c1, h2, c2), alpha
