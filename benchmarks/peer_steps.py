@@ -12,7 +12,7 @@ references and document frequencies); beam search is K = 5 over 50 images.
 
 The peer is not part of capstack: give a checkout of
 https://github.com/ruotianluo/self-critical.pytorch with its ``cider``
-submodule (``git clone --recursive``) and its requirements (``six``). Its model,
+submodule (``git clone --recursive``) and its requirements (``six``, ``yacs``). Its model,
 loss wrapper and reward code are imported from there and driven as its
 ``tools/train.py`` drives them.
 
