@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -50,9 +51,7 @@ class PartsLSTMCell(nn.Module):
 
     def project(self, name: str, x: Tensor, with_bias: bool = False) -> Tensor:
         """Part ``name``'s share of the gates, [..., size] -> [..., 4h] (plus the bias)."""
-        if with_bias:
-            return torch.nn.functional.linear(x, self.ahead[name], self.bias)
-        return torch.nn.functional.linear(x, self.ahead[name])
+        return F.linear(x, self.ahead[name], self.bias if with_bias else None)
 
     def forward(self, step_inputs: list[Tensor], ahead: Tensor,
                 state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
