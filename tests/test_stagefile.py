@@ -25,7 +25,7 @@ BAD_FILES = {
     "unknown stage key": (
         GOOD.replace("    params: {min_count: 2}", "    params: {min_count: 2}\n    outz: [x]"),
         ["stages.prepare.outz: unknown key",
-         "allowed: cmd, deps, desc, nproc, outs, params, when"],
+         "allowed: cmd, deps, desc, nproc, outs, params, shell, when"],
     ),
     "unknown top-level key": (GOOD + "settings: {}\n", ["settings: unknown key"]),
     "dep cycle": (
@@ -36,9 +36,24 @@ BAD_FILES = {
         GOOD.replace("capstack prepare", "capstack prepair"),
         ["stages.prepare.cmd: unknown command 'capstack prepair'", "prepare", "shapes"],
     ),
-    "not a capstack command": (
-        GOOD.replace("capstack prepare", "python prepare.py"),
-        ["stages.prepare.cmd: must start with 'capstack <command>'"],
+    "capstack without a command": (
+        GOOD.replace("capstack prepare ${data}/dataset_shapes.json data/prepared --min-count "
+                     "${min_count}", "capstack").replace("{min_count: 2}", "{}"),
+        ["stages.prepare.cmd: no command (stage commands: ", "prepare", "shapes"],
+    ),
+    "a param leaving no program": (
+        GOOD.replace("capstack prepare ${data}", "${tool} ${data}")
+        .replace("{min_count: 2}", "{min_count: 2, tool: ''}"),
+        ["stages.prepare.cmd: names no program once its params are substituted"],
+    ),
+    "shell not a boolean": (
+        GOOD.replace("    params: {min_count: 2}", "    shell: 'yes'\n    params: {min_count: 2}"),
+        ["stages.prepare.shell: expected true or false, got 'yes'"],
+    ),
+    "nproc on another program": (
+        GOOD.replace("capstack prepare", "python prepare.py")
+        .replace("    params: {min_count: 2}", "    nproc: 2\n    params: {min_count: 2}"),
+        ["stages.prepare.nproc: is for capstack commands that take --nproc"],
     ),
     "missing param": (
         GOOD.replace("--min-count ${min_count}", "--min-count ${min_count} --max-len ${max_len}"),

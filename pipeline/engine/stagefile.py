@@ -1,8 +1,8 @@
 """Reading and validating a stages file (``stages.yaml``).
 
-A stages file declares the pipeline as stages, each a capstack command with
-the paths it reads (``deps``), the paths it writes (``outs``) and the values it
-is run with (``params``)::
+A stages file declares the pipeline as stages, each a command with the paths
+it reads (``deps``), the paths it writes (``outs``) and the values it is run
+with (``params``)::
 
     params:                      # shared values any stage may use
       data: data/shapes
@@ -16,6 +16,18 @@ is run with (``params``)::
 
 ``${name}`` is replaced by the stage's own param, else by the shared one; a
 stage's recorded params are its own plus the shared ones it uses.
+
+A ``cmd`` starting with the word ``capstack`` runs that capstack command (one
+a stage may run; its code version is tracked). Any other ``cmd`` runs that
+program, split into words as a POSIX shell would but run without one: ``;``,
+``|`` or ``$(...)`` are words passed to it, and a param's value is one word.
+With ``shell: true`` the cmd, its params pasted in as they are (quoting is the
+user's), runs as ``/bin/sh -c CMD``::
+
+      count:
+        cmd: python scripts/count.py ${data}/dataset_shapes.json counts.txt
+        deps: [scripts/count.py, ${data}/dataset_shapes.json]   # its code: a dep
+        outs: [counts.txt]
 
 One entry can declare a family of stages, as DVC's ``foreach``/``do`` does::
 
@@ -68,7 +80,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$")
 _LOOP_KEYS = {"foreach", "do"}
 _TOP_KEYS = {"params", "stages", "demo"}
-_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc", "when"}
+_STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc", "when", "shell"}
+SHELL = "/bin/sh"  # what runs the cmd of a stage with ``shell: true``, as ``/bin/sh -c CMD``
 _WHEN = re.compile(r"^(not\s+)?(?!not$)([A-Za-z_][A-Za-z0-9_.]*)$")
 _SCALARS = (str, int, float, bool)
 
@@ -81,12 +94,20 @@ class Stage:
     desc: str
     cmd: str
     cmd_template: str  # as written, before ${param} substitution
-    argv: tuple[str, ...]  # cmd split, without the leading "capstack"
-    command: str  # the capstack sub-command it runs
+    # what runs: a capstack command's words after "capstack"; another program's words, the
+    # program first; with ``shell``, ("/bin/sh", "-c", cmd)
+    argv: tuple[str, ...]
+    command: str  # the capstack sub-command it runs; "" for another program
     deps: tuple[str, ...]
     outs: tuple[str, ...]
     params: dict[str, Any]  # every param the stage uses, by name
     nproc: int = 1  # processes its command runs as (torchrun); not part of what it computes
+    shell: bool = False  # cmd run by /bin/sh -c (then never a capstack command of its own)
+
+    @property
+    def program(self) -> str:
+        """The program the stage starts ("capstack" for a capstack command)."""
+        return "capstack" if self.command else self.argv[0]
 
 
 @dataclass(frozen=True)
@@ -102,6 +123,7 @@ class StageTemplate:
     loop: dict[str, Any] = field(default_factory=dict)  # ${key}, ${item.NAME} of a foreach
     nproc: int = 1
     when: str = ""  # "NAME" or "not NAME": the stage exists only while that holds
+    shell: bool = False
 
 
 @dataclass
@@ -322,7 +344,7 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
     _refuse_unknown_keys(path, where, body, _STAGE_KEYS)
     cmd = body.get("cmd")
     if not isinstance(cmd, str) or not cmd.strip():
-        raise CapstackError(f"{path}: {where}.cmd: missing (a capstack command)")
+        raise CapstackError(f"{path}: {where}.cmd: missing (the command the stage runs)")
     desc = body.get("desc", "")
     if not isinstance(desc, str):
         raise CapstackError(f"{path}: {where}.desc: expected a string")
@@ -330,6 +352,9 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise CapstackError(f"{path}: {where}.nproc: expected a positive number of processes, "
                             f"got {nproc!r}")
+    shell = body.get("shell", False)
+    if not isinstance(shell, bool):
+        raise CapstackError(f"{path}: {where}.shell: expected true or false, got {shell!r}")
     when = body.get("when", "")
     if not isinstance(when, str) or (when and not _WHEN.match(when.strip())):
         raise CapstackError(f"{path}: {where}.when: expected NAME or 'not NAME' of a param, "
@@ -343,6 +368,7 @@ def _check_stage(path: Path, name: Any, body: Any) -> StageTemplate:
         params=_check_params(path, f"{where}.params", body.get("params") or {}),
         nproc=nproc,
         when=when.strip(),
+        shell=shell,
     )
 
 
@@ -391,7 +417,8 @@ def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mappi
     where = f"stages.{t.name}"
     lookup = {**shared, **own, **t.loop}
     used: dict[str, Any] = {}
-    cmd = _substitute(path, f"{where}.cmd", t.cmd, lookup, used, quote=True)
+    # without a shell each param's value is one word; in a shell's cmd it is pasted as it is
+    cmd = _substitute(path, f"{where}.cmd", t.cmd, lookup, used, quote=not t.shell)
     deps = tuple(_normalise(_substitute(path, f"{where}.deps", d, lookup, used, False))
                  for d in t.deps)
     outs = tuple(_normalise(_substitute(path, f"{where}.outs", o, lookup, used, False))
@@ -401,23 +428,40 @@ def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mappi
         raise CapstackError(
             f"{path}: {where}.params.{unused[0]}: declared but not used in cmd, deps or outs"
         )
-    try:
-        words = shlex.split(cmd)
-    except ValueError as e:
-        raise CapstackError(f"{path}: {where}.cmd: cannot split command ({e})") from None
-    if len(words) < 2 or words[0] != "capstack":
-        raise CapstackError(f"{path}: {where}.cmd: must start with 'capstack <command>', got {cmd!r}")
-    if words[1] not in commands:
-        raise CapstackError(
-            f"{path}: {where}.cmd: unknown command 'capstack {words[1]}' "
-            f"(stage commands: {', '.join(sorted(commands))})"
-        )
-    if t.nproc > 1 and parallel is not None and words[1] not in parallel:
-        raise CapstackError(f"{path}: {where}.nproc: 'capstack {words[1]}' runs as one process "
-                            f"(nproc is for: {', '.join(sorted(parallel))})")
     params = dict(sorted(used.items()))
-    return Stage(t.name, t.desc, cmd, t.cmd, tuple(words[1:]), words[1], deps, outs, params,
-                 t.nproc)
+    command, argv = _command_of(path, where, t, cmd, commands, parallel)
+    return Stage(t.name, t.desc, cmd, t.cmd, argv, command, deps, outs, params, t.nproc,
+                 t.shell)
+
+
+def _command_of(path: Path, where: str, t: StageTemplate, cmd: str, commands: frozenset,
+                parallel: frozenset | None) -> tuple[str, tuple[str, ...]]:
+    """The capstack sub-command the cmd runs ("" for another program) and the words to run."""
+    if t.shell:
+        command, argv = "", (SHELL, "-c", cmd)
+    else:
+        try:
+            words = shlex.split(cmd)
+        except ValueError as e:
+            raise CapstackError(f"{path}: {where}.cmd: cannot split command ({e})") from None
+        if not words or not words[0]:
+            raise CapstackError(f"{path}: {where}.cmd: names no program once its params are "
+                                f"substituted, got {cmd!r}")
+        if words[0] != "capstack":
+            command, argv = "", tuple(words)
+        else:
+            command, argv = (words[1] if len(words) > 1 else ""), tuple(words[1:])
+            if command not in commands:
+                what = f"unknown command 'capstack {command}'" if command else "no command"
+                raise CapstackError(f"{path}: {where}.cmd: {what} "
+                                    f"(stage commands: {', '.join(sorted(commands))})")
+    if t.nproc > 1 and not command:
+        raise CapstackError(f"{path}: {where}.nproc: is for capstack commands that take --nproc; "
+                            f"another program starts its own processes")
+    if t.nproc > 1 and parallel is not None and command not in parallel:
+        raise CapstackError(f"{path}: {where}.nproc: 'capstack {command}' runs as one process "
+                            f"(nproc is for: {', '.join(sorted(parallel))})")
+    return command, argv
 
 
 # -- the graph ---------------------------------------------------------------------------

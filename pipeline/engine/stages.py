@@ -7,17 +7,26 @@ code the command runs, the content of every dep, and the outs still being what
 the run wrote. Each mismatch becomes a reason such as
 ``param min_count 5 -> 3`` or ``dep data/shapes changed``.
 
-Running a stage runs its capstack command in a child process (``python -m
-cli``), under an exclusive lock naming its holder. The command writes its outs
-under temporary names and renames them when complete; the engine writes the
-lock entry only after the command succeeded and its outs were hashed, so a
-stage killed half way is never recorded as done.
+Running a stage runs its command in a child process in the workdir, under an
+exclusive lock naming its holder: a capstack command as ``python cli.py ...``
+(capstack's own script, never one found on PATH or in the working folder),
+another program as its words, looked up as a shell would (a name on PATH, a
+path from the workdir) but never through a shell unless the stage says
+``shell: true``. capstack's commands write their outs under temporary names and
+rename them when complete; the engine writes the lock entry only after the
+command succeeded and every out exists and was hashed, so a stage killed or
+failed half way is never recorded as done.
+
+Only a capstack command has a code version (the source files its module
+imports). Another program's code is what the stage lists among its deps.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import subprocess
 import time
 from contextlib import suppress
@@ -145,6 +154,10 @@ class Pipeline:
         return self.workdir / p
 
     def _code_digest(self, stage: Stage) -> dict[str, str]:
+        """A capstack command's source files and their md5; {} for another program (its
+        code is tracked through the deps the stage declares)."""
+        if not stage.command:
+            return {}
         root = project_root()
         return {str(f.relative_to(root) if f.is_relative_to(root) else f): self._hashes.file_md5(f)
                 for f in code_files(self.commands[stage.command])}
@@ -164,7 +177,8 @@ class Pipeline:
         if not record:
             return StageStatus(stage.name, NEVER_RUN)
         reasons = []
-        if record.get("cmd") != stage.cmd_template:  # a param's new value is no cmd change
+        # a param's new value is no cmd change; the same words with(out) a shell are one
+        if record.get("cmd") != stage.cmd_template or record.get("shell", False) != stage.shell:
             reasons.append("cmd changed")
         reasons += _param_changes(record.get("params") or {}, stage.params)
         reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
@@ -283,14 +297,22 @@ class Pipeline:
             raise CapstackError(f"stage '{stage.name}': dep {missing[0]} does not exist "
                                 f"(in {self.workdir})")
         code = self._code_digest(stage)
-        started = time.time()
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
-        if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
-            env["CAPSTACK_NPROC"] = str(stage.nproc)
-        rc = subprocess.run(capstack_command(stage.argv), cwd=self.workdir, env=env).returncode
+        if stage.command:
+            argv, found = capstack_command(stage.argv), {}
+            if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
+                env["CAPSTACK_NPROC"] = str(stage.nproc)
+        else:  # run as found now, whatever the child's PATH or folder would find
+            argv, found = list(stage.argv), {"executable": self._find_program(stage, env)}
+        started = time.time()
+        try:
+            rc = subprocess.run(argv, cwd=self.workdir, env=env, **found).returncode
+        except OSError as e:  # found, but not something this machine can start
+            raise CapstackError(f"{self.file.path}: stages.{stage.name}.cmd: cannot run program "
+                                f"'{stage.program}': {e.strerror or e}") from None
         if rc != 0:
-            raise CapstackError(f"stage '{stage.name}' failed: `{stage.cmd}` exited with status "
-                                f"{rc}; nothing was recorded")
+            raise CapstackError(f"stage '{stage.name}' failed: `{stage.cmd}` "
+                                f"{self._how_it_ended(stage, rc)}; nothing was recorded")
         outs = self._digests(stage.outs)
         absent = [p for p, d in outs.items() if d is None]
         if absent:
@@ -299,6 +321,7 @@ class Pipeline:
         self._hashes.save()
         self._write_lock_entry(stage.name, {
             "cmd": stage.cmd_template,
+            **({"shell": True} if stage.shell else {}),
             "ran": stage.cmd,
             "params": stage.params,
             "code": code,
@@ -307,3 +330,29 @@ class Pipeline:
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "duration_s": round(time.time() - started, 3),
         })
+
+    def _find_program(self, stage: Stage, env: Mapping[str, str]) -> str:
+        """The absolute path of the program a stage starts: a path (one with a ``/``) from the
+        workdir, a bare name on PATH, as a shell finds it; a CapstackError when there is none."""
+        program = stage.program
+        if os.sep in program:
+            path = self.workdir / program  # an absolute program stays itself
+            found = str(path) if path.is_file() else None
+            where = "" if os.path.isabs(program) else f" (in {self.workdir})"
+        else:
+            found = shutil.which(program, path=env.get("PATH", os.defpath))
+            where = " (on PATH)"
+        if found is None:
+            raise CapstackError(f"{self.file.path}: stages.{stage.name}.cmd: program "
+                                f"'{program}' not found{where}")
+        return os.path.abspath(found)
+
+    @staticmethod
+    def _how_it_ended(stage: Stage, rc: int) -> str:
+        if rc < 0:
+            with suppress(ValueError):
+                return f"was stopped by signal {signal.Signals(-rc).name}"
+            return f"was stopped by signal {-rc}"
+        if stage.shell and rc == 127:
+            return "exited with status 127 (the shell found no such command)"
+        return f"exited with status {rc}"
