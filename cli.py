@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from pipeline.core.errors import DISK_REFUSALS, CapstackError
+from trainer.runs import Stopped
 
 # Bounds on the sizes a user gives, checked by click before any work starts (its message names
 # the bound): past them a command would exhaust memory (a 20000-pixel side grew a worker to
@@ -25,9 +26,9 @@ MAX_BOXES = 1000
 MAX_IMAGES = 10_000_000
 
 
-class Terminated(CapstackError):
+class Terminated(Stopped):
     """SIGTERM arrived: raised where the command was, so that its ``with`` blocks (locks,
-    atomic files) unwind as for any error, and said."""
+    atomic files) unwind as for any error, and said (a training records itself stopped)."""
 
 
 class TerminatedExit(click.ClickException):
@@ -62,7 +63,27 @@ class CapstackGroup(click.Group):
             raise click.ClickException(f"{where}{e.strerror or e}") from None
 
 
+def package_version() -> str:
+    """capstack's version from its installed metadata; the source's when run uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("capstack")
+    except PackageNotFoundError:
+        from pipeline import __version__
+
+        return __version__
+
+
+def print_version(ctx, param, value):
+    if value and not ctx.resilient_parsing:
+        click.echo(f"capstack {package_version()}")
+        ctx.exit()
+
+
 @click.group(cls=CapstackGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=print_version, help="Print capstack's version and exit.")
 def main():
     """capstack: an offline feature-caching pipeline and a lightweight captioning trainer."""
 
@@ -448,9 +469,13 @@ def objectives_cmd():
               help="When OUT holds a run of other data or decoder config, move it to OUT.old "
                    "(OUT.old.2, ... when taken: nothing is deleted) and start afresh (instead of "
                    "refusing).")
+@click.option("--tensorboard", is_flag=True,
+              help="Also write TensorBoard events to OUT/events (train.tensorboard=true; needs "
+                   "pip install 'capstack[tensorboard]').")
 @nproc_option
-def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
-    """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says.
+def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, nproc):
+    """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says; one line
+    per epoch: mean training loss, validation CIDEr (greedy), the best so far, time.
 
     Under torchrun (or with --nproc N) every process trains its part of each batch (DDP)."""
     hand_over_to_torchrun(nproc)
@@ -462,11 +487,12 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
     from trainer.train import train
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    config = load_experiment(experiment, list(overrides))
+    config = load_experiment(experiment, list(overrides) +
+                             (["train.tensorboard=true"] if tensorboard else []))
     main_process = environment_ranks().main
     if java_missing() and main_process:
         click.echo("note: METEOR will be n/a at evaluation (java not found)")
-    r = train(config, out_dir, restart_on_change=restart_on_change)
+    r = train(config, out_dir, restart_on_change=restart_on_change, on_epoch=_echo_epoch)
     if not main_process:
         return
     resumed = f", resumed at epoch {r.resumed_at[0] + 1}" if r.resumed_at else ""
@@ -474,6 +500,53 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, nproc):
         resumed = " (already complete: nothing trained; --set train.epochs=N trains on)"
     click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val CIDEr "
                f"{r.best_cider:.3f} (greedy) at epoch {r.best_epoch + 1} -> {out_dir}/best.pt")
+
+
+def _echo_epoch(e) -> None:
+    """``epoch 3/8  loss 2.314  val CIDEr 0.512  best 0.512 (epoch 3)  41.2 s``"""
+    loss = f"{e.loss:.3f}" if e.loss is not None else "n/a"
+    best_at = f"epoch {e.best_epoch}" if e.best_epoch > 0 else "start"
+    click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {e.val_cider:.3f}  "
+               f"best {e.best_cider:.3f} ({best_at})  {e.seconds:.1f} s")
+
+
+@main.command("runs")
+@click.argument("workdir", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def runs_cmd(workdir, as_json):
+    """The runs under WORKDIR/runs/ (default: here), by name: decoder, objective, epochs done
+    of those planned, state (running, finished, failed, stopped), best validation CIDEr and
+    test CIDEr once evaluated (evals/NAME/ or the run's eval/)."""
+    from dataclasses import asdict
+
+    from trainer.runs import list_runs
+
+    rows = list_runs(workdir)
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo(f"no runs under {workdir / 'runs'}")
+        return
+
+    def best(r):
+        if r.best_cider is None:
+            return "-"
+        return f"{r.best_cider:.3f} ({f'epoch {r.best_epoch}' if r.best_epoch else 'start'})"
+
+    def known(value):
+        return "?" if value is None else str(value)
+
+    table = [("name", "decoder", "objective", "epochs", "state", "best val CIDEr", "test CIDEr")]
+    table += [(r.name, known(r.decoder), known(r.objective),
+               f"{known(r.epochs_done)}/{known(r.epochs)}", known(r.state), best(r),
+               "-" if r.test_cider is None else f"{r.test_cider:.3f}") for r in rows]
+    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
+    click.echo("  ".join(cell.ljust(w) for cell, w in zip(table[0], widths)).rstrip())
+    for r, row in zip(rows, table[1:]):
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        for note in ([f"{r.state}: {r.error}"] if r.error else []) + r.notes:
+            click.echo(f"    {note}")
 
 
 @stage_command("evaluate", code="trainer.evaluation.evaluate")

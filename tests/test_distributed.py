@@ -130,6 +130,8 @@ def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, o
                           timeout=LAUNCH_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "best val CIDEr" in done.stdout and done.stdout.count("best val CIDEr") == 1
+    epoch_lines = [line for line in done.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 1 and epoch_lines[0].startswith("epoch 1/1  loss ")  # rank 0's
     assert_same_steps(step_lines(tmp_path / "two"), step_lines(tmp_path / "one"),
                       ("loss", "reward", "baseline"))
     val = [[json.loads(x)["cider"] for x in (tmp_path / d / "metrics.jsonl").read_text()

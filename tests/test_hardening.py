@@ -544,6 +544,8 @@ def test_sigterm_stops_a_training_saying_so_and_the_same_command_resumes(data, t
     run.send_signal(signal.SIGTERM)
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 143 and "stopped by SIGTERM" in stderr, (run.returncode, stderr)
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["state"] == "stopped" and state["error"].startswith("stopped by SIGTERM")
     resumed = capstack("train", exp, "--out", "run", "--set", "train.epochs=1", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr  # the lock was released, the run intact
 

@@ -72,6 +72,7 @@ class TrainConfig:
     init_from: str = ""  # a checkpoint whose weights start this run (RL after XE)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: bool = True  # bfloat16 autocast on CUDA; ignored on CPU
+    tensorboard: bool = False  # TensorBoard events in the run's events/ (capstack[tensorboard])
 
     def check(self):
         for key in ("epochs", "batch_size", "log_every"):

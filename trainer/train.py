@@ -17,7 +17,10 @@ global batch and of the validation images, and only rank 0 writes. A
 checkpoint does not depend on the number of processes that wrote it.
 Outputs in ``out_dir``: ``last.pt``, ``best.pt`` (best validation CIDEr),
 ``metrics.jsonl`` (one JSON object per logged step or validation),
-``config.json``, ``summary.json``, ``events/`` (TensorBoard, when installed).
+``config.json``, ``summary.json``, ``state.json`` (running, finished, failed or
+stopped: trainer/runs.py), and ``events/`` (TensorBoard) when ``train.tensorboard``
+asks for it. After each epoch the caller's ``on_epoch`` gets an :class:`EpochReport`
+(``capstack train`` prints it as one line).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -50,10 +54,12 @@ from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
 from trainer.evaluation.validate import validate
 from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
+from trainer.runs import RunRecord
 
 log = logging.getLogger(__name__)
 # init_from: the start is compared by content (its md5, in resume), wherever the file now lies
-RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every", "init_from"}
+RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every", "init_from",
+                     "tensorboard"}
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
 
@@ -68,6 +74,19 @@ class TrainResult:
     seconds: float
 
 
+@dataclass
+class EpochReport:
+    """One finished epoch, for the caller to show: what ``capstack train`` prints."""
+
+    epoch: int  # 1-based: the epoch just finished
+    epochs: int  # planned
+    loss: float | None  # mean training loss over the epoch's steps (None: none ran)
+    val_cider: float  # greedy, on the validation images
+    best_cider: float
+    best_epoch: int  # 1-based; 0: the checkpoint the run started from (train.init_from)
+    seconds: float  # the epoch's training and validation here (a resumed epoch: its rest)
+
+
 def resident_mb() -> float | None:
     """This process's resident memory now (Linux), for the log: RL must keep it flat."""
     try:
@@ -77,12 +96,26 @@ def resident_mb() -> float | None:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def tensorboard_writer(out_dir: Path):
-    """TensorBoard events in ``out_dir/events`` when tensorboard is installed, else None."""
+TENSORBOARD_MISSING = ("train.tensorboard: asked for, but tensorboard is not installed: "
+                       "pip install 'capstack[tensorboard]' (or leave it off: metrics.jsonl "
+                       "holds the same numbers)")
+
+
+def require_tensorboard(config: ExperimentConfig) -> None:
+    """Refuse, before any work, TensorBoard asked for and not installed."""
+    if not config.train.tensorboard:
+        return
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional: metrics.jsonl has everything
-        return None
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        raise CapstackError(TENSORBOARD_MISSING) from None
+
+
+def tensorboard_writer(out_dir: Path):
+    """TensorBoard events in ``out_dir/events``: a scalar ``<kind>/<key>`` per number of each
+    metrics.jsonl entry (``train/loss``, ``val/cider``, ...), at its step."""
+    from torch.utils.tensorboard import SummaryWriter
+
     return SummaryWriter(str(out_dir / "events"))
 
 
@@ -123,7 +156,8 @@ class Run:
             self.optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
-        self.events = tensorboard_writer(self.out_dir) if ranks.main else None
+        self.epoch_loss = [0.0, 0]  # this epoch's summed training loss and its steps
+        self.events = tensorboard_writer(self.out_dir) if ranks.main and t.tensorboard else None
         self.loss = self.wrap(TrainingLoss(self.model, self.objective))
         self.start = self.starting_checkpoint()
 
@@ -172,7 +206,7 @@ class Run:
             "objective": self.objective.state_dict(),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
-            "start": self.start,
+            "epoch_loss": list(self.epoch_loss), "start": self.start,
             "capstack_version": pipeline.__version__,
         }
 
@@ -203,6 +237,8 @@ class Run:
         self.objective.load_state_dict(ckpt["objective"])
         self.epoch, self.batch, self.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
         self.best_cider, self.best_epoch = ckpt["best_cider"], ckpt["best_epoch"]
+        # a checkpoint saved before runs kept it: the epoch's mean is of the steps run from here
+        self.epoch_loss = list(ckpt.get("epoch_loss", [0.0, 0]))
         self.trim_log()
         return self.epoch, self.batch
 
@@ -303,6 +339,7 @@ class Run:
         for batch in self.batches.epoch(self.epoch, self.batch):
             losses = self.train_step(batch)
             self.stop_unless_finite(losses["loss"], batch)
+            self.epoch_loss = [self.epoch_loss[0] + losses["loss"], self.epoch_loss[1] + 1]
             self.batch += 1
             self.step += 1
             bar.update(1)
@@ -333,17 +370,30 @@ class Run:
                         max_len=self.config.train.max_len, limit=self.config.train.val_images,
                         autocast=self.autocast, ranks=self.ranks)
 
-    def end_epoch(self) -> float:
+    def end_epoch(self, started: float) -> EpochReport:
+        """Validate, keep the best, save; what the epoch gave (``started``: its perf_counter)."""
         cider = self.validate()
         self.log({"kind": "val", "epoch": self.epoch, "cider": cider, "rss_mb": resident_mb(),
                   "time": time.time()})
         self.scheduler.step()
-        self.epoch, self.batch = self.epoch + 1, 0
+        total, steps = self.epoch_loss
+        self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
         if cider > self.best_cider:
             self.best_cider, self.best_epoch = cider, self.epoch - 1
             self.save("best.pt")
         self.save("last.pt")
-        return cider
+        return EpochReport(self.epoch, self.config.train.epochs, total / steps if steps else None,
+                           cider, self.best_cider, self.best_epoch + 1,
+                           time.perf_counter() - started)
+
+    def standing(self) -> dict:
+        """Where the run stands, for its ``state.json``."""
+        return {"epochs": self.config.train.epochs, "epochs_done": self.epoch,
+                "steps": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch}
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
 
 
 def check_optimiser_state(saved: dict, optimizer: torch.optim.Optimizer, path: Path) -> None:
@@ -374,7 +424,8 @@ def require_splits(captions: Captions, where) -> None:
 
 
 def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = True,
-          restart_on_change: bool = False) -> TrainResult:
+          restart_on_change: bool = False,
+          on_epoch: Callable[[EpochReport], None] | None = None) -> TrainResult:
     """Train (or resume) the experiment in ``out_dir`` until ``config.train.epochs``.
 
     A run folder whose checkpoint has other stores, vocabulary or decoder config
@@ -382,18 +433,26 @@ def train(config: ExperimentConfig, out_dir: str | Path, *, progress: bool = Tru
     ``.old.2``, ``.old.3``... when taken: no run is ever deleted) and training
     starts afresh: what a stage wants when its experiment file changed. One
     training at a time writes a run folder (:func:`run_folder_held`). Under
-    torchrun, every process calls this.
+    torchrun, every process calls this; the main one calls ``on_epoch`` after each
+    epoch and records in ``state.json`` how the training ended.
     """
+    require_tensorboard(config)
     device_type = "cuda" if Ranks().device(config.train.device).type == "cuda" else "cpu"
     out_dir = Path(out_dir)
     made_here = not out_dir.exists()
     with join(device_type) as ranks, run_folder_held(out_dir, ranks):
+        record = RunRecord(out_dir, ranks.main)
         try:
-            return train_ranks(config, out_dir, ranks, progress, restart_on_change)
-        except BaseException:
+            result = train_ranks(config, out_dir, ranks, progress, restart_on_change, record,
+                                 on_epoch if ranks.main else None)
+        except BaseException as error:
             if made_here and ranks.main:
                 remove_unfinished_run(out_dir)
+            if out_dir.is_dir():
+                record.end(error)
             raise
+        record.end()
+        return result
 
 
 def remove_unfinished_run(out_dir: Path) -> None:
@@ -402,7 +461,7 @@ def remove_unfinished_run(out_dir: Path) -> None:
     than look like a run. Anything else found in it keeps it."""
     if any(out_dir.glob("*.pt")):
         return
-    for name in ("config.json", "metrics.jsonl"):
+    for name in ("config.json", "metrics.jsonl", "state.json"):
         with suppress(OSError):
             (out_dir / name).unlink()
     with suppress(OSError):
@@ -456,17 +515,17 @@ def record_experiment(out_dir: Path, experiment: dict) -> None:
 
 
 def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress: bool,
-                restart_on_change: bool) -> TrainResult:
+                restart_on_change: bool, record: RunRecord,
+                on_epoch: Callable[[EpochReport], None] | None) -> TrainResult:
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     run = Run(config, out_dir, ranks)
     try:
         resumed_at = run.resume()
     except CapstackError as error:
+        run.close()
         if not restart_on_change or not (out_dir / "last.pt").is_file():
             raise
-        if run.events is not None:
-            run.events.close()
         ranks.barrier()  # every rank has read the old run before rank 0 moves it
         if ranks.main:
             kept = unused_sibling(out_dir, ".old")
@@ -477,14 +536,30 @@ def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress:
         run = Run(config, out_dir, ranks)
         resumed_at = None
     run.check_ranks_agree()
+    try:
+        return train_epochs(run, resumed_at, progress, record, on_epoch, started)
+    finally:
+        run.close()
+
+
+def train_epochs(run: Run, resumed_at: tuple[int, int] | None, progress: bool,
+                 record: RunRecord, on_epoch: Callable[[EpochReport], None] | None,
+                 started: float) -> TrainResult:
+    """The epochs still to train, each reported, and the run's summary."""
+    config, out_dir, ranks = run.config, run.out_dir, run.ranks
     if resumed_at is None and config.train.init_from:
         run.start_from(config.train.init_from)
     if ranks.main:
         write_json(out_dir / "config.json", config.to_dict())
+    record.begin(**run.standing())
     while run.epoch < config.train.epochs:
+        epoch_started = time.perf_counter()
         run.run_epoch(progress)
-        cider = run.end_epoch()
-        log.info("%s epoch %d: val CIDEr %.3f", config.name, run.epoch, cider)
+        report = run.end_epoch(epoch_started)
+        record.update(**run.standing())
+        log.info("%s epoch %d: val CIDEr %.3f", config.name, run.epoch, report.val_cider)
+        if on_epoch is not None:
+            on_epoch(report)
     if not (out_dir / "best.pt").is_file():
         run.save("best.pt")
     if ranks.main:

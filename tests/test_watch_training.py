@@ -1,0 +1,263 @@
+"""Training you can watch: the line per epoch, `capstack runs`, TensorBoard, the version.
+
+Real tiny trainings in tmp dirs; the CLI through click's runner (in this process: a
+subprocess would spend seconds importing torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from pipeline.captions.prepared import load_captions
+from pipeline.core.errors import CapstackError
+from pipeline.core.runlock import exclusive_beside
+from trainer.config import load_experiment
+from trainer.evaluation.evaluate import evaluate_checkpoint
+from trainer.runs import list_runs
+from trainer.train import Run, train
+from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+
+ROOT = Path(__file__).resolve().parents[1]
+EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)  loss (\d+\.\d{3})  val CIDEr (\d+\.\d{3})  "
+                        r"best (\d+\.\d{3}) \((epoch \d+|start)\)  (\d+\.\d) s")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("watch")
+    dataset, prepared = make_prepared(root)
+    grid = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids,
+                               kind="grid", image_root=dataset.parent)
+    return prepared, grid
+
+
+def experiment(data, path: Path, **train_settings) -> Path:
+    prepared, grid = data
+    return write_experiment(path, decoder="show_tell", captions=prepared, features=[grid],
+                            **train_settings)
+
+
+def capstack(*args):
+    return CliRunner().invoke(cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def log_entries(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["kind"] == kind]
+
+
+def dies_at_call(monkeypatch, n: int, error: BaseException) -> None:
+    real_step, calls = Run.train_step, []
+
+    def step(self, batch):
+        calls.append(1)
+        if len(calls) == n:
+            raise error
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Run, "train_step", step)
+
+
+# -- the line per epoch -------------------------------------------------------------------------
+
+def test_train_prints_a_line_per_epoch_then_the_summary_as_before(data, tmp_path):
+    exp = experiment(data, tmp_path / "st.yaml", epochs=2, log_every=1)
+    result = capstack("train", exp, "--out", tmp_path / "runs" / "st")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    epochs = [EPOCH_LINE.fullmatch(line) for line in lines if line.startswith("epoch ")]
+    assert len(epochs) == 2 and all(epochs), lines
+    steps = log_entries(tmp_path / "runs" / "st", "train")  # log_every 1: every step's loss
+    vals = log_entries(tmp_path / "runs" / "st", "val")
+    for k, m in enumerate(epochs):
+        assert m.group(1, 2) == (str(k + 1), "2")
+        mean = sum(s["loss"] for s in steps if s["epoch"] == k) / 3  # 3 batches an epoch
+        assert m.group(3) == f"{mean:.3f}" and m.group(4) == f"{vals[k]['cider']:.3f}"
+    best = max(range(2), key=lambda k: (vals[k]["cider"], -k))
+    assert epochs[1].group(5, 6) == (f"{vals[best]['cider']:.3f}", f"epoch {best + 1}")
+    assert re.fullmatch(rf"train st: 2 epochs, 6 steps; best val CIDEr {epochs[1].group(5)} "
+                        rf"\(greedy\) at epoch {best + 1} -> {re.escape(str(tmp_path))}/runs/st/"
+                        r"best\.pt", lines[-1]), lines[-1]
+
+
+def test_a_resumed_epoch_reports_the_mean_loss_of_all_its_steps(data, tmp_path, monkeypatch):
+    exp = load_experiment(experiment(data, tmp_path / "st.yaml", epochs=2, checkpoint_every=2))
+    whole = []
+    train(exp, tmp_path / "whole", progress=False, on_epoch=whole.append)
+    dies_at_call(monkeypatch, 3, RuntimeError("disk on fire"))  # after the step-2 checkpoint
+    with pytest.raises(RuntimeError):
+        train(exp, tmp_path / "runs" / "split", progress=False)
+    state = json.loads((tmp_path / "runs" / "split" / "state.json").read_text())
+    assert state["state"] == "failed" and state["error"] == "disk on fire"
+    monkeypatch.undo()
+    resumed = []
+    train(exp, tmp_path / "runs" / "split", progress=False, on_epoch=resumed.append)
+    assert [(r.epoch, r.loss, r.val_cider, r.best_epoch) for r in resumed] == \
+        [(r.epoch, r.loss, r.val_cider, r.best_epoch) for r in whole]
+    assert json.loads((tmp_path / "runs" / "split" / "state.json").read_text())["state"] == \
+        "finished"
+
+
+# -- capstack runs ------------------------------------------------------------------------------
+
+def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    runs = work / "runs"
+    exp = experiment(data, tmp_path / "st.yaml", epochs=2)
+
+    seen, snapshot = [], {}
+
+    def look(report):  # during the training: running, one epoch of two done
+        seen.append({r.name: r for r in list_runs(work)}["b-running"])
+        snapshot.setdefault("state", (runs / "b-running" / "state.json").read_text())
+
+    train(load_experiment(exp), runs / "a-finished", progress=False)
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no java: no METEOR's 20 s
+    metrics = evaluate_checkpoint(runs / "a-finished", work / "evals" / "a-finished",
+                                  figures=0, spice=False)
+    train(load_experiment(exp), runs / "b-running", progress=False, on_epoch=look)
+    train(load_experiment(exp), runs / "c-killed", progress=False)
+    (runs / "c-killed" / "state.json").write_text(snapshot["state"])  # what a SIGKILL leaves
+    dies_at_call(monkeypatch, 4, CapstackError("features: image 7 unreadable"))
+    with pytest.raises(CapstackError):
+        train(load_experiment(exp), runs / "d-failed", progress=False)
+    dies_at_call(monkeypatch, 4, cli.Terminated("stopped by SIGTERM"))
+    stopped = capstack("train", exp, "--out", runs / "e-stopped")
+    assert stopped.exit_code == 143 and "stopped by SIGTERM" in stopped.output
+    (runs / "f-broken").mkdir()
+    (runs / "f-broken" / "config.json").write_text("{")
+    (runs / "g-notes").mkdir()  # not a run: left out
+    (runs / "g-notes" / "todo.txt").write_text("try lr 1e-3")
+
+    assert seen[0].state == "running" and (seen[0].epochs_done, seen[0].epochs) == (1, 2)
+    assert seen[0].best_epoch == 1
+    listed = json.loads(capstack("runs", work, "--json").stdout)
+    rows = {r["name"]: r for r in listed}
+    assert [r["name"] for r in listed] == ["a-finished", "b-running", "c-killed", "d-failed",
+                                           "e-stopped", "f-broken"]
+    finished = rows["a-finished"]
+    summary = json.loads((runs / "a-finished" / "summary.json").read_text())
+    assert (finished["decoder"], finished["objective"], finished["state"]) == \
+        ("show_tell", "xe", "finished")
+    assert (finished["epochs_done"], finished["epochs"]) == (2, 2)
+    assert (finished["best_cider"], finished["best_epoch"]) == \
+        (summary["best_cider"], summary["best_epoch"] + 1)
+    assert finished["test_cider"] == metrics["metrics"]["CIDEr"] and finished["notes"] == []
+    assert rows["b-running"]["state"] == "finished"  # it has finished since
+    assert rows["c-killed"]["state"] == "stopped" and rows["c-killed"]["epochs_done"] == 1
+    assert "ended without recording how" in rows["c-killed"]["notes"][0]
+    failed = rows["d-failed"]
+    assert failed["state"] == "failed" and failed["error"] == "features: image 7 unreadable"
+    assert failed["epochs_done"] == 1 and failed["test_cider"] is None
+    assert rows["e-stopped"]["state"] == "stopped" and rows["e-stopped"]["epochs_done"] == 1
+    assert rows["e-stopped"]["error"] == "stopped by SIGTERM"
+    broken = rows["f-broken"]
+    assert broken["state"] is None and broken["decoder"] is None
+    assert broken["notes"][0].startswith(f"{runs / 'f-broken' / 'config.json'}: not valid JSON "
+                                         f"(line 1 column 2")
+
+    table = capstack("runs", work).stdout.splitlines()
+    assert table[0].split() == ["name", "decoder", "objective", "epochs", "state", "best", "val",
+                                "CIDEr", "test", "CIDEr"]
+    assert re.fullmatch(rf"a-finished +show_tell +xe +2/2 +finished +"
+                        rf"{finished['best_cider']:.3f} \(epoch {finished['best_epoch']}\) +"
+                        rf"{finished['test_cider']:.3f}", table[1]), table[1]
+    assert re.fullmatch(r"d-failed +show_tell +xe +1/2 +failed +\d\.\d{3} \(epoch 1\) +-",
+                        table[table.index(next(t for t in table if t.startswith("d-failed")))])
+    assert "    failed: features: image 7 unreadable" in table
+    assert "    stopped: stopped by SIGTERM" in table
+    assert re.fullmatch(r"f-broken +\? +\? +\?/\? +\? +- +-", table[-2]), table
+    assert table[-1].startswith("    ") and "config.json: not valid JSON" in table[-1]
+
+
+def test_runs_says_what_is_damaged_held_or_stale(data, tmp_path):
+    runs = tmp_path / "runs"
+    exp = experiment(data, tmp_path / "st.yaml", epochs=1)
+    train(load_experiment(exp), runs / "st", progress=False)
+    evals = tmp_path / "evals" / "st"
+    evals.mkdir(parents=True)
+    (evals / "metrics.json").write_text('{"metrics": {"CIDEr": null}}')
+    (runs / "st" / "state.json").write_text('["finished"]')
+    (row,) = list_runs(tmp_path)
+    assert row.state is None and row.test_cider is None
+    assert row.notes == [f"{runs / 'st' / 'state.json'}: expected a JSON object, got list",
+                         f"{evals / 'metrics.json'}: metrics.CIDEr: expected float, got None"]
+
+    (runs / "st" / "state.json").unlink()  # a run trained before runs kept a record
+    (evals / "metrics.json").write_text(json.dumps({"metrics": {"CIDEr": 0.25}, "split": "test"}))
+    os.utime(evals / "metrics.json", (1, 1))  # evaluated before best.pt was last written
+    with exclusive_beside(runs / "st", "training into runs/st"):
+        (row,) = list_runs(tmp_path)
+    assert row.state == "running" and row.epochs_done == 1 and row.test_cider == 0.25
+    assert row.notes == [f"{evals / 'metrics.json'}: older than {runs / 'st' / 'best.pt'} "
+                         f"(trained on since): evaluate again"]
+    (row,) = list_runs(tmp_path)
+    assert row.state == "finished"
+
+    assert capstack("runs", tmp_path / "nothing-here").exit_code == 1
+    (tmp_path / "empty").mkdir()
+    assert capstack("runs", tmp_path / "empty").stdout == f"no runs under {tmp_path}/empty/runs\n"
+
+
+# -- TensorBoard ---------------------------------------------------------------------------------
+
+def test_tensorboard_events_hold_the_logged_scalars(data, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed "
+                                              "(pip install 'capstack[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    exp = experiment(data, tmp_path / "st.yaml", epochs=2, log_every=1)
+    assert capstack("train", exp, "--out", tmp_path / "off").exit_code == 0
+    assert not (tmp_path / "off" / "events").exists()  # off unless asked for
+    assert capstack("train", exp, "--out", tmp_path / "on", "--tensorboard").exit_code == 0
+    assert list((tmp_path / "on" / "events").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "on" / "events"))
+    events.Reload()
+    assert {"train/loss", "train/lr", "val/cider"} <= set(events.Tags()["scalars"])
+    vals = [v["cider"] for v in log_entries(tmp_path / "on", "val")]
+    assert [e.step for e in events.Scalars("val/cider")] == [3, 6]  # 3 steps an epoch
+    assert [e.value for e in events.Scalars("val/cider")] == pytest.approx(vals, rel=1e-6)
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((tmp_path / "on" / "config.json").read_text())["train"]["tensorboard"]
+
+
+def test_tensorboard_asked_for_but_not_installed_is_one_line_before_training(data, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "torch.utils.tensorboard", None)
+    exp = experiment(data, tmp_path / "st.yaml", epochs=1)
+    result = capstack("train", exp, "--out", tmp_path / "run", "--set", "train.tensorboard=true")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: train.tensorboard: asked for, but tensorboard is not " \
+        "installed: pip install 'capstack[tensorboard]' (or leave it off: metrics.jsonl holds " \
+        "the same numbers)\n"
+    assert not (tmp_path / "run").exists()
+
+
+# -- licence and version -------------------------------------------------------------------------
+
+def test_version_from_the_metadata_or_the_source(monkeypatch):
+    assert capstack("--version").stdout == "capstack 0.1.0\n"
+    import importlib.metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert capstack("--version").stdout == "capstack 0.1.0\n"
+
+
+def test_the_licence_is_mit_and_declared():
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11 reads TOML")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    assert project["optional-dependencies"]["tensorboard"] == ["tensorboard>=2.14"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License\n\nCopyright (c) 2026 the capstack authors\n")

@@ -1,0 +1,281 @@
+"""A run folder's record of itself, and the runs a workdir holds (``capstack runs``).
+
+Training (rank 0) keeps ``state.json`` in its run folder, written atomically: ``running``
+with the epochs done and the best validation CIDEr, rewritten after every epoch, then how
+the training ended: ``finished``, ``failed`` (with the error) or ``stopped`` (Ctrl-C,
+SIGTERM). A run is running while its ``<run>.lock`` is held (pipeline/core/runlock.py);
+a record that says running with the lock free is a training killed without a word
+(SIGKILL, the out-of-memory killer, a power cut), listed as stopped and said so.
+
+Epochs here count as a user reads them: ``best_epoch`` 3 is the third epoch, 0 the
+checkpoint an RL run started from (``train.init_from``). This module imports no torch, so
+listing runs is quick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import read_json, write_json
+
+STATE_FILE = "state.json"
+MARKER = "capstack-run"  # state.json's "capstack" value: what makes a folder a run
+STATES = ("running", "finished", "failed", "stopped")
+
+
+class Stopped(CapstackError):
+    """The command was stopped from outside (SIGTERM): a training it ends is recorded as
+    stopped, not failed."""
+
+
+def ended_as(error: BaseException) -> str:
+    return "stopped" if isinstance(error, (Stopped, KeyboardInterrupt)) else "failed"
+
+
+class RunRecord:
+    """``state.json`` of one run folder, written by the main process only. Nothing is written
+    before :meth:`begin`: a training refused before it starts (another config, a bad file)
+    leaves the record of the run that is there as it was."""
+
+    def __init__(self, out_dir: Path, main: bool):
+        self.path, self.main = Path(out_dir) / STATE_FILE, main
+        self.fields: dict | None = None
+
+    def begin(self, *, epochs: int, epochs_done: int, steps: int, best_cider: float,
+              best_epoch: int) -> None:
+        self.fields = {"capstack": MARKER, "pid": os.getpid(), "started": time.time()}
+        self.update(epochs=epochs, epochs_done=epochs_done, steps=steps, best_cider=best_cider,
+                    best_epoch=best_epoch)
+
+    def update(self, *, epochs: int, epochs_done: int, steps: int, best_cider: float,
+               best_epoch: int) -> None:
+        """After an epoch: ``best_epoch`` 0-based as the loop counts (-1: the start)."""
+        found = math.isfinite(best_cider)
+        self.fields.update(epochs=epochs, epochs_done=epochs_done, steps=steps,
+                           best_cider=best_cider if found else None,
+                           best_epoch=best_epoch + 1 if found else None)
+        self.write("running")
+
+    def end(self, error: BaseException | None = None) -> None:
+        """How the training ended; an error that also stops the record's writing (a full
+        disk) is left to the one being raised."""
+        if self.fields is None:
+            return
+        if error is None:
+            self.write("finished")
+            return
+        with contextlib.suppress(OSError, CapstackError):
+            self.write(ended_as(error), error=str(error) or type(error).__name__)
+
+    def write(self, state: str, **extra) -> None:
+        if self.main:
+            write_json(self.path, {**self.fields, "state": state, "updated": time.time(),
+                                   **extra})
+
+
+# ----------------------------------------------------------------------- listing runs
+
+@dataclass
+class RunRow:
+    """One run as ``capstack runs`` shows it; None where the folder does not say."""
+
+    name: str
+    path: str
+    decoder: str | None = None
+    objective: str | None = None
+    epochs_done: int | None = None
+    epochs: int | None = None
+    state: str | None = None
+    best_cider: float | None = None
+    best_epoch: int | None = None  # 1-based; 0: the starting checkpoint
+    test_cider: float | None = None
+    evaluated: str | None = None  # the metrics.json test_cider comes from
+    error: str | None = None  # a failed run's error
+    notes: list[str] = field(default_factory=list)  # what is damaged, stale or unknown
+
+
+def list_runs(workdir: str | Path) -> list[RunRow]:
+    """The runs in ``workdir/runs/*/``, by name. A folder with no run record, no config and
+    no held lock is no run, and is left out."""
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise CapstackError(f"{workdir}: not a folder")
+    runs_dir = workdir / "runs"
+    if not runs_dir.is_dir():
+        return []
+    rows = [read_run(folder, workdir) for folder in sorted(runs_dir.iterdir())
+            if folder.is_dir() and not folder.name.startswith(".")]
+    return [row for row in rows if row is not None]
+
+
+def read_run(folder: Path, workdir: Path) -> RunRow | None:
+    held = lock_held(folder)
+    if not held and not (folder / STATE_FILE).exists() and not (folder / "config.json").exists():
+        return None
+    row = RunRow(folder.name, str(folder))
+    read_config(folder / "config.json", row)
+    if (folder / STATE_FILE).exists():
+        read_state(folder / STATE_FILE, row)
+    else:
+        read_older_run(folder, row)
+    if held:
+        row.state, row.error = "running", None  # resumed: how it ended before is past
+    elif row.state == "running":
+        row.state = "stopped"
+        row.notes.append("ended without recording how (killed: SIGKILL, out of memory, power?); "
+                         "the same train command resumes it")
+    read_test_cider(folder, workdir, row)
+    return row
+
+
+def lock_held(folder: Path) -> bool:
+    """Whether a training holds ``<folder>.lock``: a shared lock is refused while it does.
+    The lock file is emptied when released, so an empty one is not even tried."""
+    lock = folder.with_name(folder.name + ".lock")
+    try:
+        if lock.stat().st_size == 0:
+            return False
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the shared lock if it was taken
+    return False
+
+
+def read_json_for(path: Path, row: RunRow, what: str) -> dict | None:
+    """A json object from ``path``, or None with a note naming what is wrong with it."""
+    try:
+        value = read_json(path, what)
+    except CapstackError as error:
+        row.notes.append(str(error))
+        return None
+    if not isinstance(value, dict):
+        row.notes.append(f"{path}: expected a JSON object, got {type(value).__name__}")
+        return None
+    return value
+
+
+def pick(data: dict, keys: str, kind, path: Path, row: RunRow):
+    """``data[a][b]`` for ``keys`` "a.b" when it has ``kind``; else None and a note."""
+    value = data
+    for key in keys.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    kinds = (kind,) if isinstance(kind, type) else kind
+    if value is None or not isinstance(value, kinds) or isinstance(value, bool):
+        row.notes.append(f"{path}: {keys}: expected {kinds[0].__name__}, got {value!r}")
+        return None
+    return value
+
+
+def read_config(path: Path, row: RunRow) -> None:
+    if not path.exists():
+        row.notes.append(f"{path}: not found (the run has not started training)")
+        return
+    config = read_json_for(path, row, "run config")
+    if config is not None:
+        row.decoder = pick(config, "decoder.name", str, path, row)
+        row.objective = pick(config, "objective.name", str, path, row)
+        row.epochs = pick(config, "train.epochs", int, path, row)
+
+
+def read_state(path: Path, row: RunRow) -> None:
+    state = read_json_for(path, row, "run record")
+    if state is None:
+        return
+    if state.get("capstack") != MARKER or state.get("state") not in STATES:
+        row.notes.append(f"{path}: not a capstack run record (state {state.get('state')!r})")
+        return
+    row.state = state["state"]
+    row.epochs = pick(state, "epochs", int, path, row)
+    row.epochs_done = pick(state, "epochs_done", int, path, row)
+    if state.get("best_cider") is not None:
+        row.best_cider = pick(state, "best_cider", (float, int), path, row)
+        row.best_epoch = pick(state, "best_epoch", int, path, row)
+    if row.state in ("failed", "stopped"):
+        row.error = state.get("error")
+
+
+def read_older_run(folder: Path, row: RunRow) -> None:
+    """A run trained before runs kept ``state.json``: its ``summary.json`` (written when it
+    finished) or the validations of its ``metrics.jsonl``."""
+    summary_path = folder / "summary.json"
+    if summary_path.exists():
+        summary = read_json_for(summary_path, row, "run summary")
+        if summary is not None:
+            row.epochs_done = pick(summary, "epochs", int, summary_path, row)
+            best = summary.get("best_cider")
+            if isinstance(best, (int, float)) and math.isfinite(best):
+                row.best_cider, row.best_epoch = best, int(summary.get("best_epoch", -1)) + 1
+            done, planned = row.epochs_done, row.epochs
+            row.state = "finished" if done is not None and (planned is None or done >= planned) \
+                else "stopped"
+            return
+    if not (folder / "metrics.jsonl").exists():
+        return  # no training to read: what is there (a config) said what it could
+    vals = validations(folder / "metrics.jsonl", row)
+    row.epochs_done = len({epoch for epoch, _ in vals if epoch >= 0})
+    if vals:
+        cider, epoch = max((c, -e) for e, c in vals)
+        row.best_cider, row.best_epoch = cider, 1 - epoch
+    row.state = "stopped"
+    row.notes.append("no end state recorded (trained by a capstack that kept none)")
+
+
+def validations(path: Path, row: RunRow) -> list[tuple[int, float]]:
+    """(epoch, CIDEr) of each validation in a training log; a bad line is noted, not fatal."""
+    import json
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as error:
+        row.notes.append(f"{path}: cannot read ({error})")
+        return []
+    found = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+            if entry.get("kind") == "val":
+                found.append((int(entry["epoch"]), float(entry["cider"])))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            row.notes.append(f"{path}: line {number} is not a log entry")
+            break
+    return found
+
+
+def read_test_cider(folder: Path, workdir: Path, row: RunRow) -> None:
+    """The CIDEr of ``capstack evaluate``: ``evals/<name>/`` beside ``runs/`` (the stages'
+    place), else ``<run>/eval/`` (evaluate's default)."""
+    path = next((p for p in (workdir / "evals" / folder.name / "metrics.json",
+                             folder / "eval" / "metrics.json") if p.exists()), None)
+    if path is None:
+        return
+    metrics = read_json_for(path, row, "evaluation")
+    if metrics is None:
+        return
+    cider = pick(metrics, "metrics.CIDEr", (float, int), path, row)
+    if cider is None:
+        return
+    if metrics.get("split", "test") != "test":
+        row.notes.append(f"{path}: evaluated on the {metrics.get('split')} split, not test")
+        return
+    row.test_cider, row.evaluated = cider, str(path)
+    best = folder / "best.pt"
+    with contextlib.suppress(OSError):
+        if best.stat().st_mtime > path.stat().st_mtime:
+            row.notes.append(f"{path}: older than {best} (trained on since): evaluate again")
