@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.core.errors import CapstackError
+
 GOOD = """
 params:
   data: data/shapes
@@ -172,6 +174,13 @@ def test_foreach_makes_one_stage_per_key(tmp_path):
     assert st.params == {"item.epochs": 2, "item.features": "grid", "key": "show_tell"}
     assert stages.upstream["train@top_down"] == ("prepare",)
     assert stages.stage("train@top_down").params["item.epochs"] == 3
+
+    # --set reaches a foreach entry's item (it was once accepted and silently ignored)
+    st = stages.with_overrides("train@show_tell", ["item.epochs=5"])
+    assert st.cmd.endswith("--set train.epochs=5") and st.params["item.epochs"] == 5
+    assert stages.stage("train@top_down").params["item.epochs"] == 3
+    with pytest.raises(CapstackError, match="foreach entry 'show_tell'"):
+        stages.with_overrides("train@show_tell", ["key=top_down"])
 
 
 def test_shipped_stages_files_and_experiments_are_valid():

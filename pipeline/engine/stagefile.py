@@ -66,7 +66,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -159,9 +159,17 @@ class StagesFile:
         for text in assignments:
             key, value = parse_assignment(text, stage, self.path)
             overrides[key] = value
+        if "key" in overrides and "key" in template.loop:
+            raise CapstackError(f"--set key=...: stage '{name}' in {self.path} is the foreach "
+                                f"entry '{template.loop['key']}'; run another entry instead")
+        # a foreach entry's ${item.NAME} is overridden in the entry, a stage's own param in the
+        # stage, any other in the file's shared params
+        loop = {**template.loop, **{k: v for k, v in overrides.items() if k in template.loop}}
         own = {**template.params, **{k: v for k, v in overrides.items() if k in template.params}}
-        shared = {**self.params, **{k: v for k, v in overrides.items() if k not in template.params}}
-        return _resolve(self.path, template, shared, own, self.commands, self.parallel)
+        shared = {**self.params, **{k: v for k, v in overrides.items()
+                                    if k not in template.params and k not in template.loop}}
+        return _resolve(self.path, replace(template, loop=loop), shared, own, self.commands,
+                        self.parallel)
 
 
 # -- loading ---------------------------------------------------------------------------
