@@ -41,6 +41,20 @@ def test_training_reports_coco_map_and_attribute_accuracy(shapes, trained):
     assert set(written["history"][0]) >= {"rpn_objectness", "rpn_box", "classes", "box"}
 
 
+def test_the_same_training_twice_writes_the_same_checkpoint_bytes(shapes, trained, tmp_path):
+    """Its md5 names the region stores extracted with it: no clock, no absolute path inside
+    (the time and the resolved dataset path are in the .json beside it)."""
+    from pipeline.core.hashing import md5_of_file
+
+    out, _ = trained
+    root, dataset = shapes
+    again = tmp_path / "elsewhere" / "detector.pth"
+    again.parent.mkdir()
+    train_detector(dataset, root, again, TINY, progress=False)
+    assert md5_of_file(again) == md5_of_file(out)
+    assert "train_seconds" in json.loads(again.with_name(again.name + ".json").read_text())
+
+
 def test_the_checkpoint_loads_with_its_label_names(shapes, trained):
     out, _ = trained
     loaded = load_detector(out)

@@ -216,9 +216,13 @@ def train_detector(dataset_json: Path, image_root: Path, out: Path, cfg: Detecto
     seconds = time.perf_counter() - started
     fold_box_stds(model)
     metrics = evaluate(model, test_set, progress)
-    about = {"dataset": str(Path(dataset_json).resolve()), "config": asdict(cfg),
-             "history": history, "test": metrics, "train_seconds": round(seconds, 1)}
+    # The checkpoint holds only what the same training always gives: its md5 names the feature
+    # stores extracted with it, so a rerun must find them (no clock, no absolute path in it).
+    about = {"dataset": str(dataset_json), "config": asdict(cfg), "history": history,
+             "test": metrics}
     save_capstack(model, out, objects=objects, attributes=attributes or None, about=about)
-    write_json(Path(str(out) + ".json"), {"objects": objects, "attributes": attributes, **about})
+    write_json(Path(str(out) + ".json"), {"objects": objects, "attributes": attributes, **about,
+                                          "dataset": str(Path(dataset_json).resolve()),
+                                          "train_seconds": round(seconds, 1)})
     return {"out": str(out), "objects": len(objects), "attributes": len(attributes),
             "train_seconds": seconds, **metrics}
