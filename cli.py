@@ -105,7 +105,7 @@ def nproc_option(func):
         "--nproc", type=click.IntRange(min=1), default=1, show_default=True,
         envvar="CAPSTACK_NPROC",
         help="Processes on this machine: launches torchrun --standalone --nproc-per-node N "
-             "(one per GPU). Across machines, start torchrun yourself (README).")(func)
+             "(one per GPU). Across machines, start torchrun yourself (docs/scale-out.md).")(func)
 
 
 def hand_over_to_torchrun(nproc: int) -> None:

@@ -18,6 +18,7 @@ demo's sources, produced by one run of ``capstack demo`` in a fresh workdir:
 
     python docs/figures.py                 # rerun everything, rewrite the blocks
     python docs/figures.py --only demo     # the demo's blocks only
+    python docs/figures.py --only demo --reuse   # the same from the demo that last ran
     python docs/figures.py --check --transcript T --workdir W
         # CI: the demo already ran in W (its stdout in T); fail when README's demo blocks differ
         # from what it printed (times apart)
@@ -123,7 +124,7 @@ def shown(line: str, run: DemoRun) -> str:
     """A transcript line as a user of a fresh clone sees it."""
     workdir = run.workdir
     return (line.replace(str(run.features), STORE_ROOT_SHOWN).replace(str(workdir) + "/", "")
-            .replace(str(workdir), "."))
+            .replace(str(workdir), ".").replace(str(ROOT) + "/", ""))  # e.g. the venv's path
 
 
 def transcript_block(run: DemoRun) -> str:
@@ -132,7 +133,8 @@ def transcript_block(run: DemoRun) -> str:
 
 
 def table_block(run: DemoRun) -> str:
-    return (run.workdir / "reports" / "demo" / "metrics.md").read_text(encoding="utf-8").strip() + "\n"
+    table = (run.workdir / "reports" / "demo" / "metrics.md").read_text(encoding="utf-8")
+    return "\n".join(shown(line, run) for line in table.strip().splitlines()) + "\n"
 
 
 def time_block(run: DemoRun) -> str:
@@ -197,6 +199,8 @@ def main() -> int:
                         help="compare README's demo blocks with a demo that ran in --workdir")
     parser.add_argument("--transcript", type=Path,
                         help="with --check: that demo's standard output")
+    parser.add_argument("--reuse", action="store_true",
+                        help="rebuild the demo's blocks from the demo that last ran in --workdir")
     parser.add_argument("--features", type=Path,
                         help="with --check: that demo's $CAPSTACK_FEATURES [WORKDIR/features]")
     args = parser.parse_args()
@@ -211,7 +215,13 @@ def main() -> int:
     bodies: dict[str, str] = {}
     sources = {b.source for page in PAGES for b in blocks(page)}
     if args.only != "commands" and sources & set(DEMO_SOURCES):
-        bodies.update(demo_bodies(run_demo(args.workdir.resolve())))
+        workdir = args.workdir.resolve()
+        if args.reuse:  # the blocks again from the demo that ran there; its time block kept
+            lines = (workdir / "transcript.txt").read_text(encoding="utf-8").splitlines()
+            bodies.update(demo_bodies(DemoRun(workdir, workdir / "features", lines, {}, None)))
+            del bodies["demo-time"]
+        else:
+            bodies.update(demo_bodies(run_demo(workdir)))
     if args.only != "demo":
         for source in sorted(sources - set(DEMO_SOURCES)):
             bodies[source] = command_body(source)

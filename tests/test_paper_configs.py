@@ -1,7 +1,7 @@
-"""The real-data configs set what the papers state (README: "Per-paper settings").
+"""The real-data configs set what the papers state (docs/real-data.md: "Per-paper settings").
 
 Each row: the setting as the paper states it, where capstack sets it, and the value there. A
-setting the paper leaves open is not checked here; the README says what capstack chose.
+setting the paper leaves open is not checked here; docs/real-data.md says what capstack chose.
 """
 
 from __future__ import annotations

@@ -164,8 +164,8 @@ def test_scst_raises_validation_cider_over_its_xe_start(tmp_path):
 
     On a set this small (200 images, 60 to validate) the outcome depends on the data: SCST
     at lr 3e-4 for 8 epochs moved val CIDEr by +0.00, +0.09, -0.07, -0.01 for data seeds 5 to 8.
-    This test keeps seed 6, where it climbs steadily (0.14 -> 0.23); the demo's 3000 images
-    show the rise for show_tell and top_down (README)."""
+    This test keeps seed 6, where it climbs steadily (0.14 -> 0.23); the demo (README's table)
+    shows the rise for show_tell and top_down."""
     from trainer_fixtures import write_object_store
 
     data, prepared = make_prepared(tmp_path, n_train=200, n_val=60, n_test=4, seed=6)
