@@ -126,6 +126,13 @@ def stage_commands() -> dict[str, str]:
 
 
 # -- data ------------------------------------------------------------------------------
+def force_output_option(func):
+    """``--force``: replace an output folder that capstack did not write (refused without it)."""
+    return click.option("--force", is_flag=True,
+                        help="Replace OUT_DIR even if capstack did not write it (its content "
+                             "is deleted).")(func)
+
+
 @stage_command("shapes", code="pipeline.demo.shapes")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--train", "n_train", default=3000, show_default=True, help="Training images.",
@@ -137,12 +144,13 @@ def stage_commands() -> dict[str, str]:
 @click.option("--seed", default=0, show_default=True, help="Random seed; same seed, same files.")
 @click.option("--size", default=128, show_default=True, help="Image side in pixels.",
               type=click.IntRange(16, 1024))
-def shapes(out_dir, n_train, n_val, n_test, seed, size):
+@force_output_option
+def shapes(out_dir, n_train, n_val, n_test, seed, size, force):
     """Draw the shapes dataset: OUT_DIR/images/ and OUT_DIR/dataset_shapes.json (Karpathy format)."""
     from pipeline.demo.shapes import write_shapes_dataset
 
     summary = write_shapes_dataset(out_dir, n_train=n_train, n_val=n_val, n_test=n_test,
-                                   seed=seed, size=size, progress=True)
+                                   seed=seed, size=size, progress=True, force=force)
     splits = ", ".join(f"{k} {v}" for k, v in summary["splits"].items())
     click.echo(f"shapes: {summary['images']} images ({splits}), {summary['captions']} captions, "
                f"{summary['words']} distinct words -> {summary['json']}")
@@ -155,12 +163,13 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size):
               help="Words seen fewer times in the train split become <unk>.")
 @click.option("--max-len", default=16, show_default=True, help="Captions are truncated to this.",
               type=click.IntRange(1, MAX_CAPTION_WORDS))
-def prepare(dataset_json, out_dir, min_count, max_len):
+@force_output_option
+def prepare(dataset_json, out_dir, min_count, max_len, force):
     """Karpathy-format json -> vocabulary, captions HDF5, COCO-format references per split."""
     from pipeline.captions.prepare import prepare_captions
 
     s = prepare_captions(dataset_json, out_dir, min_count=min_count, max_len=max_len,
-                         progress=True)
+                         progress=True, force=force)
     click.echo(f"prepare: {out_dir}: vocabulary {s['vocab_size']} words (min count {min_count}), "
                f"{s['unk_tokens']} train tokens -> <unk>, {s['truncated']} captions truncated "
                f"to {max_len}")

@@ -38,7 +38,7 @@ import numpy as np
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
 from pipeline.captions.prepared import SPLIT_CODES
 from pipeline.captions.vocab import Vocabulary
-from pipeline.core.atomic import atomic_dir
+from pipeline.core.atomic import atomic_dir, check_replaceable
 from pipeline.core.errors import CapstackError
 
 OUT_SPLITS = ("train", "val", "test")
@@ -46,18 +46,21 @@ SPLIT_CODE = {**SPLIT_CODES, "restval": SPLIT_CODES["train"]}  # restval counts 
 
 
 def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count: int = 5,
-                     max_len: int = 16, progress: bool = False) -> dict:
-    """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts."""
+                     max_len: int = 16, progress: bool = False, force: bool = False) -> dict:
+    """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts.
+
+    An existing ``out_dir`` that capstack did not write is refused unless ``force``."""
     if min_count < 1:
         raise CapstackError(f"prepare: --min-count must be at least 1, got {min_count}")
     if max_len < 1:
         raise CapstackError(f"prepare: --max-len must be at least 1, got {max_len}")
+    check_replaceable(Path(out_dir).resolve(), force=force, inputs=(dataset_json,))
     dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
     vocab = Vocabulary.build(
         (s.tokens for im in dataset.split("train") for s in im.sentences), min_count)
     labels, lengths, starts, ends = encode_captions(dataset, vocab, max_len, progress)
     summary = _summary(dataset, vocab, max_len, min_count)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, force=force, inputs=(dataset_json,)) as tmp:
         vocab.save(tmp / "vocab.json")
         _write_captions_h5(tmp / "captions.h5", dataset, vocab, labels, lengths, starts, ends,
                            max_len, min_count, str(dataset_json))

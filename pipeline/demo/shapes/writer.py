@@ -98,8 +98,10 @@ def split_plan(n_train: int, n_val: int, n_test: int) -> list[str]:
 
 
 def write_shapes_dataset(out_dir, n_train: int = 3000, n_val: int = 250, n_test: int = 250,
-                         seed: int = 0, size: int = 128, progress: bool = True) -> dict:
-    """Draw the dataset into ``out_dir``, which appears whole (replacing an older one) or not at all.
+                         seed: int = 0, size: int = 128, progress: bool = True,
+                         force: bool = False) -> dict:
+    """Draw the dataset into ``out_dir``, which appears whole (replacing an older one that
+    capstack wrote, or any with ``force``) or not at all.
 
     Returns ``{"json": path, "images": n, "splits": {"train": .., "val": .., "test": ..},
     "captions": n, "words": distinct words over all captions}``.
@@ -109,7 +111,7 @@ def write_shapes_dataset(out_dir, n_train: int = 3000, n_val: int = 250, n_test:
     splits = split_plan(n_train, n_val, n_test)
     out_dir = Path(out_dir)
     records = []
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, force=force) as tmp:
         images = tmp / IMAGE_FOLDER
         images.mkdir()
         for imgid, split in enumerate(tqdm(splits, desc="shapes", unit="img", file=sys.stderr,
