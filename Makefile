@@ -17,9 +17,9 @@ QUIET_PIP := sed -u "/is ignored: it is neither a file nor a directory/d"
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml $(LOCK) | $(BIN)/python
+$(VENV)/.installed: pyproject.toml $(LOCK) Makefile | $(BIN)/python
 	@echo "Installing capstack and its dependencies into $(VENV) (torch is large: a few minutes the first time)..."
-	$(BIN)/python -m pip install -q -c $(LOCK) -e '.[test]' 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -m pip install -q -c $(LOCK) -e '.[test,tensorboard]' 2>&1 | $(QUIET_PIP)
 	touch $@
 
 install: $(VENV)/.installed
