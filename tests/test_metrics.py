@@ -358,3 +358,28 @@ def test_meteor_failing_mid_score_does_not_hang_or_leak(monkeypatch):
     import gc
     gc.collect()  # runs Meteor.__del__, which takes the lock: must not block
     assert _children() == set()
+
+
+BREAKERS = ["\r", "\u2028", "\u2029", "\u0085", "\n", " ||| "]
+
+
+def test_a_line_breaker_inside_a_caption_scores_as_a_space():
+    """Repro: one '\\r' in one of 10 results made the PTB tokenizer emit an extra line, and every
+    later caption was scored against another image's references (CIDEr 318.9 -> 35.3). Each
+    breaker here sits in one candidate and in one reference; without the fix, '\\r', U+2028,
+    U+2029 and '|||' each changed the scores."""
+    if M.java_missing():
+        pytest.skip("java: the PTB tokenizer and METEOR are what this guards")
+    words = ["a red circle", "two blue squares", "a green triangle", "one small star",
+             "a big yellow circle", "three red dots", "a purple square", "an orange ring",
+             "a thin black line", "two white stars", "a blue ring", "four green dots"]
+    refs = {i: [w, f"{w} on grey", f"there is {w}"] for i, w in enumerate(words)}
+    clean = {i: w for i, w in enumerate(words)}
+    broken = {**clean, **{i: clean[i].replace(" ", b, 1) for i, b in enumerate(BREAKERS)}}
+    refs_broken = {**refs, **{6 + i: [refs[6 + i][0].replace(" ", b, 1), *refs[6 + i][1:]]
+                              for i, b in enumerate(BREAKERS)}}
+    want = {k: v for k, v in M.score(clean, refs, spice=False)["metrics"].items() if v is not None}
+    got = {k: v for k, v in M.score(broken, refs_broken, spice=False)["metrics"].items()
+           if v is not None}
+    assert got == pytest.approx(want) and "METEOR" in got
+    assert want["BLEU-1"] > 0.99  # every caption met its own references
