@@ -580,7 +580,16 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, devi
     from trainer.evaluation.metrics import score_files
 
     if refs is not None:
+        given = [name for name, value in (("--split", split), ("--beam", beam_size),
+                                          ("--max-len", max_len), ("--figures", figures))
+                 if value is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: only for a checkpoint; with --refs "
+                                   f"TARGET is a results file, already decoded")
         scores = score_files(target, refs)
+        if out_dir:  # what the line below says was written
+            from pipeline.core.jsonfile import write_json
+            write_json(out_dir / "metrics.json", scores)
     else:
         out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
         scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,

@@ -238,6 +238,29 @@ def test_score_files(tmp_path, no_java):
     assert out["metrics"]["BLEU-1"] == pytest.approx(1.0, abs=1e-6)
 
 
+def test_evaluate_results_with_out_writes_what_it_says(tmp_path, no_java):
+    """Repro: `capstack evaluate RESULTS --refs REFS --out DIR` printed '-> DIR/metrics.json'
+    and wrote nothing; checkpoint-only options were silently ignored."""
+    from click.testing import CliRunner
+
+    from cli import main
+
+    results = _write(tmp_path / "results.json",
+                     [{"image_id": k, "caption": c} for k, c in PERFECT.items()])
+    refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))
+    out = tmp_path / "scored"
+    result = CliRunner().invoke(main, ["evaluate", str(results), "--refs", str(refs),
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"-> {out}/metrics.json" in result.output
+    written = json.loads((out / "metrics.json").read_text())
+    assert written["metrics"]["BLEU-1"] == pytest.approx(1.0, abs=1e-6)
+    assert written["results"] == str(results) and written["images"] == len(PERFECT)
+    refused = CliRunner().invoke(main, ["evaluate", str(results), "--refs", str(refs),
+                                        "--beam", "3"])
+    assert refused.exit_code == 2 and "--beam: only for a checkpoint" in refused.output
+
+
 def test_score_files_unknown_id_names_file_and_id(tmp_path):
     results = _write(tmp_path / "results.json", [{"image_id": 77, "caption": "a dog"}])
     refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))
