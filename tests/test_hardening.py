@@ -640,3 +640,26 @@ def test_dataloader_workers_of_a_killed_extraction_do_not_hold_its_lock(tmp_path
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+
+
+def test_a_store_root_that_is_a_file_is_named(tmp_path, monkeypatch):
+    """Repro: CAPSTACK_FEATURES pointing at a file was refused as 'File exists'."""
+    from pipeline.features.placement import features_root
+
+    a_file = tmp_path / "features"
+    a_file.write_text("not a folder")
+    monkeypatch.setenv("CAPSTACK_FEATURES", str(a_file))
+    with pytest.raises(CapstackError, match=r"\$CAPSTACK_FEATURES names a file, not a folder"):
+        features_root()
+    with pytest.raises(CapstackError, match="--features-root names a file"):
+        features_root(a_file)
+    monkeypatch.setenv("CAPSTACK_FEATURES", str(tmp_path / "new"))
+    assert features_root() == tmp_path / "new"  # a missing one is made when written
+    write_shapes_dataset(tmp_path / "shapes", n_train=2, n_val=1, n_test=1, seed=0, size=32)
+    result = capstack("extract-grid", tmp_path / "shapes" / "dataset_shapes.json",
+                      tmp_path / "shapes", "--backbone", "resnet18", "--weights", "random",
+                      "--image-size", "64", "--workers", "0", cwd=tmp_path,
+                      env={**os.environ, "CAPSTACK_FEATURES": str(a_file)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "$CAPSTACK_FEATURES names a file" in result.stderr.splitlines()[-1]
+    assert a_file.read_text() == "not a folder"

@@ -26,10 +26,19 @@ SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
 
 
 def features_root(explicit: str | Path | None = None) -> Path:
-    if explicit:
-        return Path(explicit).expanduser()
+    """The shared stores' folder: ``explicit`` (--features-root), else $CAPSTACK_FEATURES, else
+    ~/.cache/capstack/features; one that exists and is not a folder is named as such."""
     env = os.environ.get("CAPSTACK_FEATURES")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "capstack" / "features"
+    if explicit:
+        root, named = Path(explicit).expanduser(), "--features-root"
+    elif env:
+        root, named = Path(env).expanduser(), "$CAPSTACK_FEATURES"
+    else:
+        root, named = Path.home() / ".cache" / "capstack" / "features", "the default store root"
+    if root.exists() and not root.is_dir():
+        raise CapstackError(f"{root}: {named} names a file, not a folder of feature stores; "
+                            f"point it at a folder (it is made when missing)")
+    return root
 
 
 def store_path(name: str, fp: str, *, out: Path | None, root: Path,
