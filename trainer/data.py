@@ -91,13 +91,27 @@ class Features:
 
     def read(self, image_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """features [B, L, D] float16 (a view of a reused buffer), mask [B, L], boxes or None."""
-        return combine([store.read_batch(image_ids, max_rows=self.max_regions or None,
-                                         allocate=buffer, fields=self.boxes_of(store))
-                        for store, buffer in zip(self.stores, self.buffers)], self.box_geometry)
+        batches = [store.read_batch(image_ids, max_rows=self.max_regions or None,
+                                    allocate=buffer, fields=self.boxes_of(store))
+                   for store, buffer in zip(self.stores, self.buffers)]
+        for store, batch in zip(self.stores, batches):
+            refuse_empty(store.path, image_ids, batch.mask)
+        return combine(batches, self.box_geometry)
 
     @staticmethod
     def boxes_of(store) -> tuple[str, ...]:
         return ("boxes",) if store.schema.has("boxes") else ()
+
+
+def refuse_empty(store: Path, image_ids: Sequence[int], mask: np.ndarray) -> None:
+    """A record with no regions (a store made before capstack skipped them) would be an
+    all-masked image, whose attention is NaN: named here, not as a NaN loss."""
+    empty = ~mask.any(1)
+    if empty.any():
+        image_id = int(np.asarray(image_ids)[empty.argmax()])
+        raise CapstackError(f"{store}: image {image_id}: a record with no regions (0 rows), "
+                            f"nothing to attend to; `capstack verify --deep` names every such "
+                            f"record: import or extract the store again")
 
 
 def combine(batches: Sequence[Batch], with_geometry: bool = False):

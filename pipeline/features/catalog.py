@@ -30,8 +30,8 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
 
 def check_every_record(store_path: str | Path, progress: bool = True) -> tuple[int, str | None]:
     """Read every record of the store (a read checks the record's checksum); raise naming the
-    first that is damaged or whose floating-point fields hold NaN or infinity (training on it
-    would give a NaN loss, or a model that learned nothing). The number of records read, and
+    first that is damaged, has no regions, or whose floating-point fields hold NaN or infinity
+    (training on it would give a NaN loss, or a model that learned nothing). The number of records read, and
     the kind of checksum checked (None for a store made before stores kept them)."""
     from tqdm import tqdm
 
@@ -40,6 +40,10 @@ def check_every_record(store_path: str | Path, progress: bool = True) -> tuple[i
     for image_id in tqdm(ids, desc=f"verify {store.path.name}", unit="record",
                          disable=not progress):
         record = store.get(int(image_id))
+        if not record.num:
+            raise CapstackError(f"{store.path}: image {int(image_id)}: a record with no regions "
+                                f"(0 rows): training has nothing to attend to; import or "
+                                f"extract the store again (capstack skips such images now)")
         for name, values in record.fields.items():
             if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
                 bad = int((~np.isfinite(values)).sum())

@@ -198,8 +198,9 @@ def extract_regions(dataset_json: Path, image_root: Path, s: RegionSettings, *,
                     images_outside_root: bool = False) -> JobResult:
     if s.boxes not in ("detect", "given"):
         raise CapstackError(f"--boxes: expected detect or given, got {s.boxes!r}")
-    if not 0 <= s.min_boxes <= s.max_boxes:
-        raise CapstackError(f"--min-boxes/--max-boxes: need 0 <= min <= max, got "
+    if not 1 <= s.min_boxes <= s.max_boxes:
+        raise CapstackError(f"--min-boxes/--max-boxes: need 1 <= min <= max (an image kept "
+                            f"with no region has nothing to caption from), got "
                             f"{s.min_boxes}, {s.max_boxes}")
     weights_path, weights_md5 = _resolve_weights(s)
     boxes = given_boxes(dataset_json) if s.boxes == "given" else None

@@ -37,6 +37,9 @@ class LoopReport:
         return self.extracted / self.seconds if self.seconds else 0.0
 
 
+NO_REGIONS = "no regions (0 boxes): nothing to caption from"
+
+
 def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model: BatchModel,
                    transform, *, batch_size: int, workers: int, progress: bool = True,
                    pin_memory: bool = False) -> LoopReport:
@@ -62,8 +65,11 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
         for batch in loader:
             records = model(batch) if batch["image_ids"] else []
             skipped = [(i, f"{paths[int(i)]}: {reason}") for i, reason in batch["skipped"]]
-            writer.write(list(zip(batch["image_ids"], records)), skipped)
-            report.extracted += len(records)
+            found = list(zip(batch["image_ids"], records))
+            skipped += [(i, f"{paths[int(i)]}: {NO_REGIONS}") for i, r in found if not r.num]
+            found = [(i, r) for i, r in found if r.num]
+            writer.write(found, skipped)
+            report.extracted += len(found)
             report.skipped += skipped
             bar.update(len(batch["image_ids"]) + len(batch["skipped"]))
             bar.set_postfix(skipped=len(report.skipped), refresh=False)

@@ -20,7 +20,7 @@ from pipeline.captions.karpathy import KarpathyDataset
 from pipeline.core.errors import CapstackError
 
 RULES = ("auto", "stem", "id")
-_TRAILING_NUMBER = re.compile(r"(\d+)$")
+_TRAILING_NUMBER = re.compile(r"([0-9]+)$")  # ASCII digits: "²".isdigit() is true
 
 
 class ImageMatcher:
@@ -38,7 +38,7 @@ class ImageMatcher:
             return self.stems[key]
         if self.rule == "stem":
             return None
-        number = key if key.isdigit() else None
+        number = key if key.isascii() and key.isdigit() else None
         if number is None and self.rule == "auto":
             found = _TRAILING_NUMBER.search(key)
             number = found.group(1) if found else None

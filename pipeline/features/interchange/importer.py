@@ -33,7 +33,7 @@ from pipeline.core.interrupt import stop_at_batch_boundary
 from pipeline.core.runlock import exclusive_beside
 from pipeline.features.fingerprint import fingerprint
 from pipeline.features.interchange.formats import FORMATS
-from pipeline.features.interchange.formats.base import BadRow, FeatureFormat
+from pipeline.features.interchange.formats.base import BadRow, FeatureFormat, read_row, unreadable
 from pipeline.features.interchange.ids import ImageMatcher, dataset_digest
 from pipeline.features.interchange.report import ImportReport
 from pipeline.features.interchange.sizes import ImageSizes
@@ -47,6 +47,8 @@ IMPORT_VERSION = 1  # bump when the same sources and settings start giving other
 HASH_THREADS = 2
 PROBE_ROWS = 50  # rows of a unit tried before calling it unreadable as a whole
 PIXEL_BOXES = "x1, y1, x2, y2 in image pixels"
+MAX_IMAGE_SIDE = 1 << 20  # pixels: beyond any camera or scan (PIL refuses far smaller images)
+INT32 = np.iinfo(np.int32)
 
 
 @dataclass
@@ -161,9 +163,7 @@ def _first_record(fmt: FeatureFormat, unit: Path) -> Record:
         if k == PROBE_ROWS:
             break
         try:
-            if step.row.key is None:
-                raise BadRow(step.row.problem)
-            return step.row.read()
+            return plausible(read_row(step.row))
         except BadRow as error:
             problems.append(f"{step.row.where}: {error}")
     if not problems:
@@ -260,21 +260,61 @@ def _take(row, writer, batch: _Batch, report: ImportReport, match, sizes, fmt, s
         return
     batch.ids.add(image_id)
     try:
-        record = checked(row.read(), schema)
+        record = checked(read_row(row), schema)
         if sizes and (not record.height or not record.width):
             record.height, record.width = sizes(image_id)
         if fmt.relative_boxes and record.get("boxes") is not None:
             record.fields["boxes"] = to_pixels(record["boxes"], record.height, record.width)
     except BadRow as error:
-        batch.skipped.append((image_id, f"{row.where}: {error}"))
-        report.bad(image_id, row.where, str(error))
+        _skip(batch, report, image_id, row.where, str(error))
+        return
+    except Exception as error:  # noqa: BLE001 - a row that breaks a check is that row's
+        _skip(batch, report, image_id, row.where, unreadable(error))
         return
     batch.records.append((image_id, record))
     report.imported += 1
 
 
+def _skip(batch: _Batch, report: ImportReport, image_id: int, where: str, reason: str) -> None:
+    batch.skipped.append((image_id, f"{where}: {reason}"))
+    report.bad(image_id, where, reason)
+
+
+def plausible(record: Record) -> Record:
+    """``record`` when it can be a record of any store: at least one region (an image with
+    none has nothing to caption from: a bad row, as extraction skips it), numbers in every
+    field (real ones: a complex value would lose its imaginary part), integer fields within
+    int32 (a class id 2**40 would wrap to 0), and image sides from 0 (unknown) to
+    :data:`MAX_IMAGE_SIDE`; else :class:`BadRow`."""
+    features = record.features
+    if not isinstance(features, np.ndarray) or features.ndim != 2:
+        shape = list(getattr(features, "shape", ())) or type(features).__name__
+        raise BadRow(f"features of shape {shape}, expected [N, D]")
+    if record.num == 0:
+        raise BadRow("no regions (0 feature rows): nothing to caption from")
+    if features.shape[1] == 0:
+        raise BadRow("features of 0 columns")
+    for name, array in record.fields.items():
+        if not isinstance(array, np.ndarray):
+            raise BadRow(f"{name}: a {type(array).__name__}, not an array")
+        if array.dtype.kind == "c":
+            raise BadRow(f"{name}: complex values (features are real numbers)")
+        if array.dtype.kind not in "biuf":
+            raise BadRow(f"{name}: values of dtype {array.dtype} are not numbers")
+        if array.dtype.kind in "iu" and array.size:
+            low, high = int(array.min()), int(array.max())
+            if low < INT32.min or high > INT32.max:
+                beyond = high if high > INT32.max else low
+                raise BadRow(f"{name}: {beyond} is beyond the int32 range the store keeps")
+    for side, value in (("image height", record.height), ("image width", record.width)):
+        if not 0 <= value <= MAX_IMAGE_SIDE:
+            raise BadRow(f"{side} {value}: expected 0 (unknown) to {MAX_IMAGE_SIDE} pixels")
+    return record
+
 def checked(record: Record, schema: Schema) -> Record:
-    """``record`` when it fits ``schema`` with representable values; else :class:`BadRow`."""
+    """``record`` when it is :func:`plausible` and fits ``schema`` with representable values;
+    else :class:`BadRow`."""
+    plausible(record)
     names = tuple(record.fields)
     if sorted(names) != sorted(schema.names):
         raise BadRow(f"fields {', '.join(names)}, the other rows have {', '.join(schema.names)}")

@@ -176,6 +176,9 @@ def check_record(schema: Schema, image_id: int, record: Record, where: str) -> R
         raise CapstackError(f"{where}: image {image_id}: features of shape {features.shape}, "
                             f"expected [N, {schema.feature_dim}]")
     n = features.shape[0]
+    if n == 0:
+        raise CapstackError(f"{where}: image {image_id}: a record with no regions (0 rows): "
+                            f"nothing to caption from; it belongs in the store's skipped")
     if schema.grid and n != schema.grid ** 2:
         raise CapstackError(f"{where}: image {image_id}: {n} grid cells, expected "
                             f"{schema.grid}x{schema.grid}")

@@ -12,19 +12,26 @@ outside the dataset are never decoded. Reading a row that is broken raises
 
 from __future__ import annotations
 
+import math
+import os
+import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from pipeline.core.errors import CapstackError
-from pipeline.core.safe_pickle import RefusedPickle
+from pipeline.core.safe_pickle import MAX_ARRAY_BYTES, RefusedPickle
 from pipeline.features.catalog import size_bytes
 from pipeline.features.stores import Record
 
 
 class BadRow(Exception):
     """One row of a source that cannot be imported (the reason is the message)."""
+
+
 
 
 @dataclass
@@ -75,6 +82,82 @@ class FeatureFormat(ABC):
         return {}
 
 
+def read_row(row: SourceRow) -> Record:
+    """The row's record. Whatever goes wrong while reading one row (a value of the wrong type,
+    a shape no array can take, a size beyond a bound) is that row's :class:`BadRow`, so the
+    import records it and goes on, and its rerun goes past it too. Only a refused pickle
+    stops the import: the source as a whole is not to be trusted."""
+    if row.key is None:
+        raise BadRow(row.problem)
+    try:
+        return row.read()
+    except (BadRow, RefusedPickle):
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of one row is that row's
+        raise BadRow(unreadable(error)) from None
+
+
+def unreadable(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    if isinstance(error, CapstackError):
+        return text.split(": ", 1)[-1]
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return f"unreadable ({text[:200]})"
+
+
+def bounded(shape, itemsize: int, what: str) -> None:
+    """Refuse (:class:`BadRow`) an array a file declares beyond :data:`MAX_ARRAY_BYTES`, before
+    anything is allocated for it."""
+    count = 1
+    for side in shape:
+        if not isinstance(side, (int, np.integer)) or side < 0:
+            raise BadRow(f"{what}: declared shape {list(shape)} is not a shape")
+        count *= int(side)
+    if count * max(int(itemsize), 1) > MAX_ARRAY_BYTES:
+        raise BadRow(f"{what}: declared shape {list(shape)} would take "
+                     f"{count * itemsize / 2**20:,.0f} MiB, beyond the {MAX_ARRAY_BYTES >> 20} "
+                     f"MiB one row's array may take")
+
+
+def whole(value, name: str) -> int:
+    """A count or an image side a file records (a number, or a one-element array of one): a
+    whole number, 0 when it records none; else :class:`BadRow` naming the value."""
+    if value is None:
+        return 0
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) \
+            and float(value).is_integer():
+        return int(value)
+    raise BadRow(f"{name} {str(value)[:40]!r} is not a whole number")
+
+
+def open_regular(path: Path):
+    """``path`` open for binary reading, when it is a regular file; else :class:`BadRow`.
+
+    A FIFO or a device may never answer (``open`` of a FIFO blocks until a writer
+    comes), so the file is opened without blocking and looked at before any read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise BadRow(f"{path}: cannot read ({error.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BadRow(f"{path}: {not_regular(mode)}, never read")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def not_regular(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"not a regular file ({kind})"
+
+
 def readable(load: Callable, *args):
     """``load(*args)``, with a file it cannot read made a :class:`BadRow` of its row (a
     refused pickle is not a bad row: it stops the import)."""
@@ -87,10 +170,17 @@ def readable(load: Callable, *args):
 
 
 def existing(paths: list[Path], what: str) -> list[Path]:
-    """``paths`` when each exists; else refuse naming the first missing one."""
+    """``paths`` when each is a regular file or a folder; else refuse naming the first that
+    is missing or is something else (a FIFO would block the import forever)."""
     for path in paths:
-        if not path.exists():
-            raise CapstackError(f"{path}: {what} not found")
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise CapstackError(f"{path}: {what} not found") from None
+        except OSError as error:
+            raise CapstackError(f"{path}: cannot read ({error.strerror})") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise CapstackError(f"{path}: {not_regular(mode)}: expected a {what}")
     return paths
 
 

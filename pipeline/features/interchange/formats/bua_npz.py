@@ -20,7 +20,7 @@ from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
-                                                        readable)
+                                                        open_regular, readable, whole)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
 from pipeline.features.stores import Record
 
@@ -33,7 +33,7 @@ def bua_record(arrays: dict, where: str) -> Record:
     for key in ("x", "bbox", "num_bbox", "image_h", "image_w"):
         if key not in arrays:
             raise BadRow(f"no {key!r} array")
-    n = int(arrays["num_bbox"])
+    n = whole(arrays["num_bbox"], "num_bbox")
     x = np.asarray(arrays["x"])
     if x.ndim == 2 and x.shape[0] != n and x.shape[1] == n:
         x = x.T  # OpenVQA's releases: [2048, N]
@@ -52,7 +52,8 @@ def bua_record(arrays: dict, where: str) -> Record:
                 if value.shape != (n,):
                     raise BadRow(f"info[{key!r}] of shape {list(value.shape)} for {n} boxes")
                 fields[name] = value
-    return Record(x, int(arrays["image_h"]), int(arrays["image_w"]), **fields)
+    return Record(x, whole(arrays["image_h"], "image_h"), whole(arrays["image_w"], "image_w"),
+                  **fields)
 
 
 @FORMATS.register("bua-npz")
@@ -69,7 +70,8 @@ class BuaNpz(FeatureFormat):
 
     def steps(self, unit: Path, start) -> Iterator[Step]:
         def read(path: Path) -> Record:
-            return bua_record(readable(safe_pickle.load_npz, str(path), str(path)), str(path))
+            with open_regular(path) as handle:
+                return bua_record(readable(safe_pickle.load_npz, handle, str(path)), str(path))
 
         return folder_steps(listing(unit, ".npz"), start, read)
 

@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, SourceRow, Step,
-                                                        existing)
+                                                        bounded, existing)
 from pipeline.features.stores import Record
 
 SUFFIX = "_features"
@@ -33,21 +33,55 @@ def _open(path: Path):
 
 
 def m2_record(f, key: str) -> Record:
-    features = np.asarray(f[f"{key}{SUFFIX}"][()])
+    features = _array(f, f"{key}{SUFFIX}")
     if features.ndim != 2:
         raise BadRow(f"{key}{SUFFIX} of shape {list(features.shape)}, expected [N, D]")
     n, fields = features.shape[0], {}
-    if f"{key}_boxes" in f:
-        fields["boxes"] = np.asarray(f[f"{key}_boxes"][()])
-        if fields["boxes"].shape != (n, 4):
-            raise BadRow(f"{key}_boxes of shape {list(fields['boxes'].shape)} for {n} rows")
-    if f"{key}_cls_prob" in f:
-        prob = np.asarray(f[f"{key}_cls_prob"][()])
+    boxes = _array(f, f"{key}_boxes", required=False)
+    if boxes is not None:
+        if boxes.shape != (n, 4):
+            raise BadRow(f"{key}_boxes of shape {list(boxes.shape)} for {n} rows")
+        fields["boxes"] = boxes
+    prob = _array(f, f"{key}_cls_prob", required=False)
+    if prob is not None:
         if prob.ndim != 2 or prob.shape[0] != n or prob.shape[1] < 2:
             raise BadRow(f"{key}_cls_prob of shape {list(prob.shape)} for {n} rows")
         fields["classes"] = prob[:, 1:].argmax(1) + 1
         fields["scores"] = prob[:, 1:].max(1)
     return Record(features, 0, 0, **fields)
+
+
+def _array(f, name: str, required: bool = True) -> np.ndarray | None:
+    """Dataset ``name`` of the file's root, read only when it is one: a numeric dataset stored
+    in this file (a link elsewhere, even to another file, is not followed) whose declared
+    shape is within a row's bound."""
+    import h5py
+
+    link = f.get(name, getlink=True)
+    if link is None:
+        if required:
+            raise BadRow(f"no dataset {name}")
+        return None
+    if not isinstance(link, h5py.HardLink):
+        raise BadRow(f"{name}: a {type(link).__name__}, not followed (only datasets stored in "
+                     f"this file are read)")
+    node = f[name]
+    if not isinstance(node, h5py.Dataset):
+        raise BadRow(f"{name}: a {type(node).__name__.lower()}, expected a dataset")
+    if node.dtype.kind not in "biuf":
+        raise BadRow(f"{name}: values of dtype {node.dtype} are not numbers")
+    bounded(node.shape, node.dtype.itemsize, name)
+    return np.asarray(node[()])
+
+
+def _nbytes(f, name: str) -> int:
+    """What the row's features take (the progress bar's unit); 0 for what is no dataset."""
+    import h5py
+
+    node = f.get(name, getlink=True)
+    if not isinstance(node, h5py.HardLink):
+        return 0
+    return int(getattr(f[name], "nbytes", 0) or 0)
 
 
 @FORMATS.register("m2-hdf5")
@@ -65,7 +99,7 @@ class M2Hdf5(FeatureFormat):
             keys = sorted(name[:-len(SUFFIX)] for name in f.keys() if name.endswith(SUFFIX))
             for index in range(int(start or 0), len(keys)):
                 key, where = keys[index], f"{unit}[{keys[index]}{SUFFIX}]"
-                size = f[f"{key}{SUFFIX}"].nbytes
+                size = _nbytes(f, f"{key}{SUFFIX}")
                 yield Step(index + 1, size, SourceRow(key, where, lambda k=key: m2_record(f, k)))
 
     def producer(self, units: list[Path]) -> dict:

@@ -23,7 +23,7 @@ from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats import FORMATS
 from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
-                                                        readable)
+                                                        open_regular, readable, whole)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
 from pipeline.features.interchange.formats.lmdb_source import data_file, lmdb_steps
 from pipeline.features.stores import Record
@@ -36,13 +36,15 @@ def _first(info: dict, *names):
 
 
 def mmf_record(features, info: dict) -> Record:
+    if features is None:
+        raise BadRow("no 'features' array")
     features = np.asarray(features)
     if features.ndim != 2:
         raise BadRow(f"features of shape {list(features.shape)}, expected [N, D]")
     n, fields = features.shape[0], {}
     boxes = _first(info, "bbox", "boxes")
     if boxes is not None:
-        boxes = np.asarray(boxes, np.float32)
+        boxes = np.asarray(boxes)  # as stored: a complex or text box is the record's problem
         if boxes.shape != (n, 4):
             raise BadRow(f"bbox of shape {list(boxes.shape)} for {n} feature rows")
         fields["boxes"] = boxes
@@ -53,9 +55,9 @@ def mmf_record(features, info: dict) -> Record:
     if prob is not None:
         prob = np.asarray(prob)
         fields["scores"] = _per_row(prob.max(1) if prob.ndim == 2 else prob, n, "cls_prob")
-    height = _first(info, "image_height", "image_h") or 0
-    width = _first(info, "image_width", "image_w") or 0
-    return Record(features, int(height), int(width), **fields)
+    height = whole(_first(info, "image_height", "image_h"), "image_height")
+    width = whole(_first(info, "image_width", "image_w"), "image_width")
+    return Record(features, height, width, **fields)
 
 
 def _per_row(values, n: int, name: str) -> np.ndarray:
@@ -80,15 +82,14 @@ class MmfNpy(FeatureFormat):
 
     def steps(self, unit: Path, start) -> Iterator[Step]:
         def read(path: Path) -> Record:
-            features = readable(_load_npy, path)
+            saved = readable(_load_npy, path)
+            if saved.dtype == object:  # ViLBERT's extractor: np.save(<stem>.npy, info | features)
+                info = _dict_of(saved, path)
+                return mmf_record(info.get("features"), info)
             info_path = path.with_name(path.name[:-len(".npy")] + INFO)
-            info = readable(_load_npy, info_path) if info_path.exists() else np.array({})
-            if isinstance(features, np.ndarray) and features.dtype == object:
-                info, features = features.item(), features.item().get("features")  # ViLBERT
-            info = info.item() if info.dtype == object else {}
-            if not isinstance(info, dict):
-                raise BadRow(f"{info_path}: not a dict")
-            return mmf_record(features, info)
+            info = _dict_of(readable(_load_npy, info_path), info_path) if info_path.exists() \
+                else {}
+            return mmf_record(saved, info)
 
         return folder_steps(listing(unit, ".npy", exclude=INFO), start, read)
 
@@ -97,8 +98,23 @@ class MmfNpy(FeatureFormat):
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         return safe_pickle.load_npy(f, str(path))
+
+
+def _dict_of(saved: np.ndarray, path: Path) -> dict:
+    """The dict ``np.save`` of a dict holds (a 0-d object array around it)."""
+    value = saved.item() if saved.dtype == object and saved.shape == () else saved
+    if not isinstance(value, dict):
+        raise BadRow(f"{path.name}: holds {_kind(value)}, expected a dict (np.save of the "
+                     f"extractor's info)")
+    return value
+
+
+def _kind(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {list(value.shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
 
 
 @FORMATS.register("mmf-lmdb")

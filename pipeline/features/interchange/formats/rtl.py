@@ -15,6 +15,7 @@ here with the restricted unpickler). None of them records the image size:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -23,8 +24,8 @@ import numpy as np
 from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
 from pipeline.features.interchange.formats import FORMATS
-from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, existing,
-                                                        readable)
+from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, bounded,
+                                                        existing, open_regular, readable)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
 from pipeline.features.interchange.formats.lmdb_source import data_file, lmdb_steps, open_lmdb
 from pipeline.features.stores import Record, StoreReader
@@ -82,10 +83,10 @@ def att_record(arrays, where: str, grid: RtlGrid, boxes: np.ndarray | None) -> R
 
 
 def _read(path: Path, where: str):
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise BadRow(f"cannot read ({error.strerror})") from None
+    with open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        bounded((size,), 1, str(path))
+        data = handle.read()
     return readable(safe_pickle.load_array, data, where)
 
 
@@ -172,8 +173,8 @@ class RtlLmdb(FeatureFormat):
             env.close()
         if raw is not None:
             method = safe_pickle.loads(raw, f"{att}[__value_dumps__]")
-            if method not in ("identity", None):
-                raise CapstackError(f"{att}: lmdbdict values encoded with {method!r}; "
+            if not (method is None or (isinstance(method, str) and method == "identity")):
+                raise CapstackError(f"{att}: lmdbdict values encoded with {_shown(method)}; "
                                     f"dump_to_lmdb.py stores raw npz/npy bytes ('identity')")
 
     def producer(self, units: list[Path]) -> dict:
@@ -184,11 +185,19 @@ class RtlLmdb(FeatureFormat):
                 for key in (b"__key_dumps__", b"__value_dumps__"):
                     raw = txn.get(key)
                     if raw is not None:
-                        notes[key.decode().strip("_")] = safe_pickle.loads(
-                            raw, f"{units[0]}[{key.decode()}]")
+                        notes[key.decode().strip("_")] = _shown(safe_pickle.loads(
+                            raw, f"{units[0]}[{key.decode()}]"))
         finally:
             env.close()
         return notes
+
+
+def _shown(value) -> str | None:
+    """An lmdbdict reserved entry as a method name, or a short account of anything else
+    (the store's metadata is JSON, and an array or a set is no name)."""
+    if value is None or isinstance(value, str):
+        return value if value is None else value[:80]
+    return f"a {type(value).__name__} ({repr(value)[:60]})"
 
 
 class RtlNpzWriter:

@@ -16,10 +16,11 @@ import numpy as np
 import pybase64
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.interchange.formats.base import BadRow, SourceRow, Step
+from pipeline.features.interchange.formats.base import MAX_ARRAY_BYTES, BadRow, SourceRow, Step
 from pipeline.features.stores import Record
 
 _READ_BUFFER = 1 << 22
+MAX_LINE = MAX_ARRAY_BYTES * 3 // 2  # a row's arrays in base64, and its other columns
 
 ParseLine = Callable[[list[bytes], str], Record]
 
@@ -78,13 +79,43 @@ def tsv_steps(path: Path, start, columns: int, id_column: int,
         raise CapstackError(f"{path}: cannot read ({error.strerror})") from None
     with handle:
         handle.seek(offset)
-        for line in handle:
-            offset += len(line)
+        while line := handle.readline(MAX_LINE):
+            nbytes = len(line)
             number += 1
+            if not line.endswith(b"\n") and nbytes == MAX_LINE:
+                nbytes += _skip_line(handle)
+                offset += nbytes
+                yield Step([offset, number], nbytes, _too_long(line, f"{path}:{number}",
+                                                               id_column, nbytes))
+                continue
+            offset += nbytes
             stripped = line.rstrip(b"\r\n")
             if stripped:
                 row = _row(stripped, f"{path}:{number}", columns, id_column, parse)
-                yield Step([offset, number], len(line), row)
+                yield Step([offset, number], nbytes, row)
+
+
+def _skip_line(handle) -> int:
+    """Read past the rest of a line, a bounded chunk at a time; the bytes it took."""
+    skipped = 0
+    while chunk := handle.readline(MAX_LINE):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _too_long(head: bytes, where: str, id_column: int, nbytes: int) -> SourceRow:
+    """A line beyond :data:`MAX_LINE`: a bad row under the id it starts with."""
+    def read() -> Record:
+        raise BadRow(f"a line of {nbytes / 2**20:,.0f} MiB, beyond the {MAX_LINE >> 20} MiB a "
+                     f"row may take (a missing line break?)")
+
+    parts = head[:1 << 16].split(b"\t")
+    if len(parts) <= id_column + 1:
+        return SourceRow(None, where, read,
+                         problem=f"a line of {nbytes} bytes with no id column in its first 64 KiB")
+    return SourceRow(parts[id_column].strip().decode("utf-8", "replace"), where, read)
 
 
 def _row(line: bytes, where: str, columns: int, id_column: int, parse: ParseLine) -> SourceRow:

@@ -57,9 +57,15 @@ class VinvlTsv(FeatureFormat):
         index = lineidx_of(tsv)
         if not index.exists():
             return
-        offsets = index.read_text().split()
+        if not index.is_file():  # a FIFO would block the read
+            raise CapstackError(f"{index}: not a regular file (VinVL's .lineidx is one)")
+        try:
+            offsets = [int(text) for text in index.read_text(encoding="ascii").split()]
+        except (ValueError, UnicodeDecodeError):
+            raise CapstackError(f"{index}: not a VinVL .lineidx (one byte offset, a whole "
+                                f"number, per line)") from None
         size = tsv.stat().st_size
-        if offsets and (int(offsets[0]) != 0 or int(offsets[-1]) >= size):
+        if offsets and (offsets[0] != 0 or offsets[-1] >= size):
             raise CapstackError(f"{index}: its offsets do not fit {tsv} ({size} bytes): "
                                 f"is it another file's index?")
 
