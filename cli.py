@@ -7,6 +7,7 @@ them, so ``capstack stages`` and a skipped ``capstack run`` start fast.
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 
@@ -24,6 +25,18 @@ MAX_BATCH = 4096
 MAX_WORKERS = 64
 MAX_BOXES = 1000
 MAX_IMAGES = 10_000_000
+MAX_SEED = 2**32 - 1  # what every seeding (numpy's legacy seed included) accepts
+
+
+class FiniteRange(click.FloatRange):
+    """click.FloatRange that refuses nan and inf too (FloatRange lets nan through any range)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number in the range {self._describe_range()}.",
+                      param, ctx)
+        return number
 
 
 class Terminated(Stopped):
@@ -102,7 +115,7 @@ def stage_command(name: str, code: str):
 def nproc_option(func):
     """``--nproc N``: run the command as N processes under torchrun (a stage's ``nproc``)."""
     return click.option(
-        "--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+        "--nproc", type=click.IntRange(1, 1024), default=1, show_default=True,
         envvar="CAPSTACK_NPROC",
         help="Processes on this machine: launches torchrun --standalone --nproc-per-node N "
              "(one per GPU). Across machines, start torchrun yourself (docs/scale-out.md).")(func)
@@ -141,7 +154,8 @@ def force_output_option(func):
               type=click.IntRange(0, MAX_IMAGES))
 @click.option("--test", "n_test", default=250, show_default=True, help="Test images.",
               type=click.IntRange(0, MAX_IMAGES))
-@click.option("--seed", default=0, show_default=True, help="Random seed; same seed, same files.")
+@click.option("--seed", default=0, show_default=True, help="Random seed; same seed, same files.",
+              type=click.IntRange(0, MAX_SEED))
 @click.option("--size", default=128, show_default=True, help="Image side in pixels.",
               type=click.IntRange(16, 1024))
 @force_output_option
@@ -159,7 +173,7 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size, force):
 @stage_command("prepare", code="pipeline.captions.prepare")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--min-count", default=5, show_default=True,
+@click.option("--min-count", default=5, show_default=True, type=click.IntRange(1, 10**9),
               help="Words seen fewer times in the train split become <unk>.")
 @click.option("--max-len", default=16, show_default=True, help="Captions are truncated to this.",
               type=click.IntRange(1, MAX_CAPTION_WORDS))
@@ -273,15 +287,15 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
               show_default=True, help="given: pool the boxes of the dataset json's 'boxes'.")
 @click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(0, MAX_BOXES))
 @click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1, MAX_BOXES))
-@click.option("--conf-thresh", default=0.2, show_default=True)
-@click.option("--nms-thresh", default=0.3, show_default=True)
+@click.option("--conf-thresh", default=0.2, show_default=True, type=FiniteRange(0, 1))
+@click.option("--nms-thresh", default=0.3, show_default=True, type=FiniteRange(0, 1))
 @click.option("--min-size", default=600, show_default=True, type=click.IntRange(32, MAX_SIDE),
               help="Images resized to this shorter side.")
 @click.option("--max-size", default=1000, show_default=True, type=click.IntRange(32, MAX_SIDE))
-@click.option("--num-classes", default=91, show_default=True,
+@click.option("--num-classes", default=91, show_default=True, type=click.IntRange(2, 100_000),
               help="fpn/c4/c5: classes incl. background (COCO 91); bottom-up reads them from "
                    "its checkpoint.")
-@click.option("--top-attributes", default=1, show_default=True,
+@click.option("--top-attributes", default=1, show_default=True, type=click.IntRange(0, 1000),
               help="bottom-up: attributes kept per region (ids and probabilities, best first).")
 @click.option("--objects-vocab", default=None, type=click.Path(dir_okay=False),
               help="bottom-up: objects_vocab.txt, so the store names each class.")
@@ -333,6 +347,7 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
               help="Recorded in the store about the producer (e.g. caffemodel=..., "
                    "max_boxes=100); repeatable.")
 @click.option("--commit-mb", default=64.0, show_default=True,
+              type=FiniteRange(0, 2**20, min_open=True),
               help="Source MB read between commits (what a killed import reads again).")
 def import_features_cmd(source_format, sources, dataset_json, out, features_root, store_format,
                         pointer, dtype, match, image_root, describe, commit_mb):
@@ -396,8 +411,8 @@ def formats_cmd():
 @click.option("--epochs", default=4, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--batch", "batch_size", default=64, show_default=True,
               type=click.IntRange(1, MAX_BATCH))
-@click.option("--lr", default=1e-3, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True, type=FiniteRange(0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED))
 def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epochs, batch_size,
                        lr, seed):
     """Train a small ResNet to name each boxed object's shape and colour (the demo's 'ImageNet')."""
@@ -421,12 +436,13 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
               help="The box entry naming its attribute ('' for no attribute head).")
 @click.option("--image-size", default=256, show_default=True, type=click.IntRange(32, MAX_SIDE),
               help="Images resized to this shorter side (and longer at most).")
-@click.option("--width", default=8, show_default=True, help="The ResNet stem's width (VG: 64).")
+@click.option("--width", default=8, show_default=True, help="The ResNet stem's width (VG: 64).",
+              type=click.IntRange(1, 256))
 @click.option("--epochs", default=4, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--batch", "batch_size", default=8, show_default=True,
               type=click.IntRange(1, MAX_BATCH))
-@click.option("--lr", default=2e-3, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--lr", default=2e-3, show_default=True, type=FiniteRange(0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED))
 def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, image_size,
                        width, epochs, batch_size, lr, seed):
     """Train the bottom-up detector (Caffe C4, attribute head) on a dataset's labelled boxes;
@@ -570,7 +586,7 @@ def runs_cmd(workdir, as_json):
               help="Beam size [the experiment's eval.beam_size].")
 @click.option("--max-len", type=click.IntRange(1, MAX_CAPTION_WORDS), default=None,
               help="[the experiment's eval.max_len]")
-@click.option("--figures", type=int, default=None,
+@click.option("--figures", type=click.IntRange(0, 1000), default=None,
               help="Attention figures of the first N images [the experiment's eval.figures].")
 @click.option("--device", default="auto", show_default=True)
 def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, device):

@@ -192,7 +192,7 @@ def test_training_refuses_stores_lacking_images(data, tmp_path):
 @pytest.mark.parametrize("override, problem", [
     ("train.epochs=many", "train.epochs: expected int, got 'many'"),
     ("train.epoch=3", "unknown key 'epoch'"),
-    ("data.seq_per_img=0", "seq_per_img: must be at least 1"),
+    ("data.seq_per_img=0", "seq_per_img: must be from 1 to 100, got 0"),
     ("eval.split=dev", "eval.split: expected one of train, val, test, got 'dev'"),
     ("decoder.hiden=3", r"decoder.hiden: unknown key 'hiden' \(known: dropout, embed, hidden"),
     ("decoder.name=nope", r"decoder.name: unknown decoder 'nope' \(choose gru_init,"),
@@ -349,5 +349,5 @@ def test_evaluation_reads_the_eval_settings_of_the_experiment(data, tmp_path):
     given = evaluate_checkpoint(tmp_path / "run", tmp_path / "e3", beam_size=1, split="test",
                                 spice=False)
     assert (given["beam_size"], given["split"]) == (1, "test")
-    with pytest.raises(CapstackError, match="capstack evaluate: eval.beam_size: must be at least 1"):
+    with pytest.raises(CapstackError, match="capstack evaluate: eval.beam_size: must be from 1 to 100, got 0"):
         evaluate_checkpoint(tmp_path / "run", tmp_path / "e4", beam_size=0, spice=False)

@@ -17,11 +17,20 @@ overrides one value. Another component's name starts its section afresh (the
 settings of the one it replaces would not fit): ``--set objective.name=scst
 --set objective.cider_cache=c.npz`` turns any experiment into SCST. Errors
 read ``FILE: section.key: problem``.
+
+Every number of a config has a declared :class:`Bound` (``bounded(default, low,
+high)``), checked when the file is read: a whole number lies from ``low`` to
+``high``, a float is finite and within its ends (``train.lr: must be a finite
+number above 0, got nan``), before torch or numpy meets it. Decoders bound
+theirs generically (``DecoderConfig.check``). A config's ``check()`` says the
+rules between fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 import re
 import types
 import typing
@@ -32,8 +41,67 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.core.errors import CapstackError, not_utf8, too_deep
-from trainer.decoders import DECODERS
-from trainer.objectives import OBJECTIVES
+
+# ------------------------------------------------------------------------- bounds
+# (before the registries are imported: the objectives' config dataclasses declare theirs with it)
+
+MAX_EPOCHS = 10_000
+MAX_STEPS = 1_000_000_000  # steps, batches or turns a setting counts
+MAX_BATCH = 4096  # images of a batch
+MAX_CAPTION_WORDS = 1000
+MAX_IMAGES = 10_000_000
+MAX_REGIONS = 10_000  # regions of an image
+MAX_SAMPLES = 100  # captions per image: references, samples, beams, rollouts
+MAX_FIGURES = 1000
+MAX_SEED = 2**32 - 1  # what every seeding (numpy's legacy seed included) accepts
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Where a config's number may lie. A whole number: from ``low`` to ``high``, both given
+    and included. A float: finite, and ``low``/``high`` included or ``above``/``below``
+    excluded, either end may be left open (None)."""
+
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    below: float | None = None
+
+    def problem(self, value) -> str | None:
+        """What is wrong with ``value`` (an int or a float), or None."""
+        if isinstance(value, int):
+            if self.low <= value <= self.high:
+                return None
+            return f"must be from {self.low} to {self.high}, got {value}"
+        if math.isfinite(value) and all(
+                end is None or holds(value, end) for end, holds in (
+                    (self.low, operator.ge), (self.above, operator.gt),
+                    (self.high, operator.le), (self.below, operator.lt))):
+            return None
+        return f"must be a finite number{self.describe()}, got {value}"
+
+    def describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f" from {self.low:g} to {self.high:g}"
+        if self.high is None and self.below is None and self.low is not None:
+            return f", {self.low:g} or more"
+        ends = [f"at least {self.low:g}" if self.low is not None else
+                f"above {self.above:g}" if self.above is not None else None,
+                f"at most {self.high:g}" if self.high is not None else
+                f"below {self.below:g}" if self.below is not None else None]
+        return " " + " and ".join(end for end in ends if end) if any(ends) else ""
+
+
+def bounded(default=dataclasses.MISSING, low=None, high=None, *, above=None, below=None,
+            default_factory=dataclasses.MISSING):
+    """A number field (or a list of numbers, each) of a config, with its :class:`Bound`:
+    ``epochs: int = bounded(10, 1, MAX_EPOCHS)``, ``lr: float = bounded(4e-4, above=0)``."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"bound": Bound(low, high, above, below)})
+
+
+from trainer.decoders import DECODERS  # noqa: E402
+from trainer.objectives import OBJECTIVES  # noqa: E402
 
 SPLITS = ("train", "val", "test")
 
@@ -42,44 +110,37 @@ SPLITS = ("train", "val", "test")
 class DataConfig:
     captions: str  # a folder written by `capstack prepare`
     features: list[str]  # stores or the pointer jsons naming them; several are concatenated
-    seq_per_img: int = 5
+    seq_per_img: int = bounded(5, 1, MAX_SAMPLES)
     bucket_by_length: bool = False  # Show-Attend-Tell: batches of similar caption length
-    max_regions: int = 0  # 0: all
+    max_regions: int = bounded(0, 0, MAX_REGIONS)  # 0: all
     box_geometry: bool = False  # append each region's [x1/w, y1/h, x2/w, y2/h, area] to its feature
 
     def check(self):
-        if self.seq_per_img < 1:
-            yield "seq_per_img: must be at least 1"
         if not self.features:
             yield "features: name at least one store"
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
-    batch_size: int = 50  # images; each brings seq_per_img captions
-    lr: float = 4e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.0
-    grad_clip: float = 5.0  # max gradient norm; 0 disables
-    lr_decay_every: int = 0  # epochs; 0 keeps lr constant
-    lr_decay_rate: float = 0.8
-    checkpoint_every: int = 0  # steps; 0: at the end of each epoch only
-    log_every: int = 10  # steps between train lines in metrics.jsonl
-    val_images: int = 0  # 0: the whole validation split
-    max_len: int = 16  # decoding length in validation, RL sampling and evaluation
-    seed: int = 0
+    epochs: int = bounded(10, 1, MAX_EPOCHS)
+    batch_size: int = bounded(50, 1, MAX_BATCH)  # images; each brings seq_per_img captions
+    lr: float = bounded(4e-4, above=0)
+    betas: list[float] = bounded(low=0, below=1, default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = bounded(0.0, 0)
+    grad_clip: float = bounded(5.0, 0)  # max gradient norm; 0 disables
+    lr_decay_every: int = bounded(0, 0, MAX_EPOCHS)  # epochs; 0 keeps lr constant
+    lr_decay_rate: float = bounded(0.8, above=0, high=1)
+    checkpoint_every: int = bounded(0, 0, MAX_STEPS)  # steps; 0: at the end of each epoch only
+    log_every: int = bounded(10, 1, MAX_STEPS)  # steps between train lines in metrics.jsonl
+    val_images: int = bounded(0, 0, MAX_IMAGES)  # 0: the whole validation split
+    max_len: int = bounded(16, 1, MAX_CAPTION_WORDS)  # decoding length: validation, RL, eval
+    seed: int = bounded(0, 0, MAX_SEED)
     init_from: str = ""  # a checkpoint whose weights start this run (RL after XE)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: bool = True  # bfloat16 autocast on CUDA; ignored on CPU
     tensorboard: bool = False  # TensorBoard events in the run's events/ (capstack[tensorboard])
 
     def check(self):
-        for key in ("epochs", "batch_size", "log_every"):
-            if getattr(self, key) < 1:
-                yield f"{key}: must be at least 1"
-        if self.lr <= 0:
-            yield "lr: must be positive"
         if len(self.betas) != 2:
             yield "betas: expected two numbers"
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
@@ -88,14 +149,10 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    beam_size: int = 5
-    max_len: int = 16
+    beam_size: int = bounded(5, 1, MAX_SAMPLES)
+    max_len: int = bounded(16, 1, MAX_CAPTION_WORDS)
     split: Literal["train", "val", "test"] = "test"
-    figures: int = 4  # attention figures of the first N evaluated images
-
-    def check(self):
-        if self.beam_size < 1:
-            yield "beam_size: must be at least 1"
+    figures: int = bounded(4, 0, MAX_FIGURES)  # attention figures of the first N evaluated images
 
 
 @dataclass
@@ -150,6 +207,8 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         raise CapstackError(f"{path}: cannot read ({error.strerror or error})") from None
     except yaml.YAMLError as error:
         raise CapstackError(f"{path}: not valid yaml ({error})") from None
+    except ValueError as error:  # an integer of more digits than Python reads
+        raise CapstackError(f"{path}: not valid yaml ({error})") from None
     except RecursionError:
         raise too_deep(path) from None
     if not isinstance(data, dict):
@@ -181,7 +240,7 @@ def apply_override(data: dict, item: str, where: str, components=frozenset()) ->
         parsed = yaml.safe_load(value) if value else ""
     except RecursionError:
         raise too_deep(f"--set {key}") from None
-    except yaml.YAMLError as error:
+    except (yaml.YAMLError, ValueError) as error:  # ValueError: an int past Python's digits
         raise CapstackError(f"--set {item!r}: the value is not valid YAML "
                             f"({getattr(error, 'problem', None) or error})") from None
     if len(parents) == 1 and parents[0] in components and last == "name":
@@ -223,7 +282,14 @@ def _field_value(f, hint, value, where: str, name: str):
     if "registry" in f.metadata:
         default = f.default_factory().name if f.default_factory is not dataclasses.MISSING else None
         return component_from_dict(f.metadata["registry"], value, where, name, default)
-    return convert(hint, value, where, name)
+    value = convert(hint, value, where, name)
+    if "bound" in f.metadata:
+        numbers = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for k, number in numbers:
+            problem = f.metadata["bound"].problem(number)
+            if problem:
+                raise CapstackError(f"{where}: {name}{'' if k is None else f'[{k}]'}: {problem}")
+    return value
 
 
 def component_from_dict(registry, value, where: str, name: str,
@@ -282,7 +348,10 @@ def _scalar(hint, value, where: str, field: str):
             return value
     elif hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int past any float: past any bound too
+                return math.inf if value > 0 else -math.inf
         if isinstance(value, str):  # yaml reads 4e-4 (no dot) as a string
             try:
                 return float(value)

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pipeline.captions.vocab import BOS_ID
+from trainer.config import MAX_SAMPLES, MAX_STEPS, bounded
 from trainer.decode import sample
 from trainer.decoders.base import Decoder, expand_context
 from trainer.decoders.hacap import HACap, intrinsic_rewards, manager_cosines
@@ -57,27 +58,16 @@ from trainer.objectives.scst import generated_mask
 
 @dataclass
 class AdversarialConfig:
-    samples: int = 1  # sampled captions per image for the generator's update
-    rollouts: int = 4  # Monte-Carlo completions per prefix
-    delta: float = 16.0  # the rank rescaling's slope
-    discriminator_lr: float = 1.0e-4
-    discriminator_pretrain: int = 100  # D-only steps before the first generator update
-    discriminator_every: int = 1  # adversarial batches between D's turns
-    discriminator_steps: int = 1  # D's steps per turn, each on fresh samples
-    ml_every: int = 15  # adversarial batches between maximum-likelihood interludes
-    ml_batches: int = 0  # batches of each interlude; 0: one epoch of the train split
-    temperature: float = 1.0
-
-    def check(self):
-        for name in ("samples", "rollouts", "discriminator_every", "discriminator_steps",
-                     "ml_every"):
-            if getattr(self, name) < 1:
-                yield f"{name}: must be at least 1, got {getattr(self, name)}"
-        for name in ("discriminator_pretrain", "ml_batches"):
-            if getattr(self, name) < 0:
-                yield f"{name}: must be 0 or more, got {getattr(self, name)}"
-        if self.discriminator_lr <= 0 or self.temperature <= 0:
-            yield "discriminator_lr and temperature: must be positive"
+    samples: int = bounded(1, 1, MAX_SAMPLES)  # sampled captions per image, generator's update
+    rollouts: int = bounded(4, 1, MAX_SAMPLES)  # Monte-Carlo completions per prefix
+    delta: float = bounded(16.0, 0)  # the rank rescaling's slope
+    discriminator_lr: float = bounded(1.0e-4, above=0)
+    discriminator_pretrain: int = bounded(100, 0, MAX_STEPS)  # D-only steps before G's first
+    discriminator_every: int = bounded(1, 1, MAX_STEPS)  # adversarial batches between D's turns
+    discriminator_steps: int = bounded(1, 1, MAX_STEPS)  # D's steps per turn, on fresh samples
+    ml_every: int = bounded(15, 1, MAX_STEPS)  # adversarial batches between ML interludes
+    ml_batches: int = bounded(0, 0, MAX_STEPS)  # batches of an interlude; 0: a train epoch
+    temperature: float = bounded(1.0, above=0)
 
 
 def rank_rewards(rewards: Tensor, delta: float) -> Tensor:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trainer.config import MAX_SAMPLES, bounded
 from trainer.decode import sample
 from trainer.decoders.base import StagedDecoder
 from trainer.objectives import OBJECTIVES
@@ -39,12 +40,8 @@ def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarra
 @dataclass
 class CoarseToFineConfig:
     cider_cache: str  # the `capstack cider-cache` file of the train split (the rewards)
-    samples: int = 5  # sampled captions per image and stage
+    samples: int = bounded(5, 1, MAX_SAMPLES)  # sampled captions per image and stage
     coarse_term: bool = False  # add a self-critical term for the coarse stage
-
-    def check(self):
-        if self.samples < 1:
-            yield "samples: must be at least 1"
 
 
 @OBJECTIVES.register("c2f")

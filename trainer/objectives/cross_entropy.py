@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainer.config import MAX_EPOCHS, bounded
 from trainer.decoders.base import Decoder, expand_context
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, StepKey
@@ -24,10 +25,10 @@ from trainer.objectives.base import Objective, StepKey
 
 @dataclass
 class CrossEntropyConfig:
-    scheduled_sampling_start: int = -1  # epoch; -1 disables
-    scheduled_sampling_increase_every: int = 5  # epochs
-    scheduled_sampling_increase: float = 0.05
-    scheduled_sampling_max: float = 0.25
+    scheduled_sampling_start: int = bounded(-1, -1, MAX_EPOCHS)  # epoch; -1 disables
+    scheduled_sampling_increase_every: int = bounded(5, 1, MAX_EPOCHS)  # epochs
+    scheduled_sampling_increase: float = bounded(0.05, 0, 1)
+    scheduled_sampling_max: float = bounded(0.25, 0, 1)  # a probability
 
     def probability(self, epoch: int) -> float:
         """The chance that an input word is the model's own sample, in ``epoch``."""

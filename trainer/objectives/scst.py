@@ -26,6 +26,7 @@ from torch import Tensor
 from pipeline.captions.vocab import EOS_ID
 from pipeline.core.errors import CapstackError
 from trainer.batch import Share
+from trainer.config import MAX_SAMPLES, bounded
 from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
@@ -100,17 +101,13 @@ def greedy_decode(decoder: Decoder, feats: Tensor, mask: Tensor, max_len: int) -
 @dataclass
 class SelfCriticalConfig:
     cider_cache: str  # the `capstack cider-cache` file of the train split (the rewards)
-    samples: int = 5  # sampled captions per image
+    samples: int = bounded(5, 1, MAX_SAMPLES)  # sampled captions per image
     baseline: Literal["greedy", "mean"] = "greedy"  # mean: of the image's other samples
-    temperature: float = 1.0
+    temperature: float = bounded(1.0, above=0)
 
     def check(self):
-        if self.samples < 1:
-            yield "samples: must be at least 1"
         if self.baseline == "mean" and self.samples < 2:
             yield f"baseline: 'mean' (of the image's other samples) needs samples >= 2, got {self.samples}"
-        if self.temperature <= 0:
-            yield "temperature: must be positive"
 
 
 @OBJECTIVES.register("scst")
