@@ -285,7 +285,7 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
               default="auto", show_default=True)
 @click.option("--boxes", type=click.Choice(["detect", "given"]), default="detect",
               show_default=True, help="given: pool the boxes of the dataset json's 'boxes'.")
-@click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(0, MAX_BOXES))
+@click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(1, MAX_BOXES))
 @click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1, MAX_BOXES))
 @click.option("--conf-thresh", default=0.2, show_default=True, type=FiniteRange(0, 1))
 @click.option("--nms-thresh", default=0.3, show_default=True, type=FiniteRange(0, 1))

@@ -203,3 +203,50 @@ def test_stages_figure_has_a_row_per_stage(tmp_path):
                         tmp_path / "t.png", grid=4)
     from PIL import Image
     assert Image.open(out).size[1] > Image.open(two).size[1]
+
+
+# ---------------------------------------------------------------- the image under the attention
+
+
+def test_attention_is_drawn_on_the_image_as_the_extractor_saw_it(tmp_path, monkeypatch):
+    """Issue 31, item 11: a JPEG with EXIF Orientation 6 (stored 64 wide, 48 tall; shown rotated,
+    48 wide, 64 tall). The extractor (``load_rgb``) applies the orientation and its boxes are
+    in the rotated image; the figures were drawn on ``Image.open(path).convert("RGB")``, the
+    stored 48 x 64 pixels. Given the path, the figure code loads it with ``load_rgb`` itself:
+    every image panel and heat map is the rotated 64 x 48."""
+    from matplotlib.axes import Axes
+
+    from pipeline.features.extract.images import load_rgb
+    from trainer.evaluation.figures import figure_image, stages_figure
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "rotated.jpg"
+    Image.fromarray(_image()).save(path, exif=exif, quality=95)
+    extracted = np.asarray(load_rgb(path))
+    assert extracted.shape == (W, H, 3)
+    assert np.asarray(Image.open(path).convert("RGB")).shape == (H, W, 3)  # what was drawn
+    np.testing.assert_array_equal(figure_image(path), extracted)
+
+    drawn = []
+    real_imshow = Axes.imshow
+
+    def spy(self, X, *args, **kwargs):
+        drawn.append(np.asarray(X))
+        return real_imshow(self, X, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "imshow", spy)
+    attention_figure(path, ["a", "dog"], _alphas(2, K * K), tmp_path / "grid.png", grid=K)
+    boxes = np.array([[0, 0, 20, 60], [10, 30, 47, 63]], float)  # inside the rotated 48 x 64 only
+    attention_figure(str(path), ["a"], _alphas(1, 2), tmp_path / "box.png", boxes=boxes)
+    stages_figure(path, [("coarse", ["a"], None), ("fine 1", ["a"], _alphas(1, K * K))],
+                  tmp_path / "stages.png", grid=K)
+    images = [a for a in drawn if a.ndim == 3]
+    assert len(images) == 3 + 2 + 3
+    assert all(np.array_equal(a, extracted) for a in images)
+    assert all(a.shape == (W, H) for a in drawn if a.ndim == 2)  # heat maps over the rotated image
+
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    with pytest.raises(CapstackError, match="broken.jpg: cannot draw attention on it: "):
+        attention_figure(tmp_path / "broken.jpg", ["a"], _alphas(1, K * K), tmp_path / "x.png",
+                         grid=K)

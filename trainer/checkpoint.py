@@ -7,7 +7,11 @@ exact. Resuming or evaluating against stores, a vocabulary or a decoder config
 other than the checkpoint's is refused, naming the field and both values.
 Checkpoints of the first format (flat experiment files) are read through
 :func:`upgrade`. Every checkpoint carries a sha256 of its content, checked on
-load (:func:`content_digest`).
+load (:func:`content_digest`). Those saved before checksums, which may have been
+edited, are checked by form instead: every field the commands read is there and
+of its type, nothing nests deeper than :data:`MAX_DEPTH`, the vocabulary is the
+identity's and the weights fit the decoder the experiment describes
+(:func:`check_contents`, for every checkpoint).
 """
 
 from __future__ import annotations
@@ -18,13 +22,23 @@ from pathlib import Path
 
 import torch
 
-from pipeline.captions.vocab import digest_words
+from pipeline.captions.vocab import Vocabulary, digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
+from pipeline.core.state_dicts import first_misfit, require_fit, tensors_only
 
 FORMAT = "capstack-checkpoint-2"
 FIRST_FORMAT = "capstack-checkpoint-1"  # flat experiment: decoder_config, train.objective
 DIGEST = "content_sha256"  # what content_digest gave at save time
+# capstack nests about 6 deep (stores[0].meta.producer.settings...): a deeper value is an edit,
+# refused before repr() or content_digest recurse into it (a RecursionError naming nothing)
+MAX_DEPTH = 32
+NUMBER = (int, float)
+# what the commands read of every checkpoint (evaluate, caption, resume, init_from), by type
+HOLDS = {"identity": dict, "experiment": dict, "vocab": dict, "stores": list, "feature_dim": int,
+         "model": dict, "optimizer": dict, "scheduler": dict, "epoch": int, "batch": int,
+         "step": int, "best_cider": NUMBER, "best_epoch": int}
+_KINDS = {dict: "a dict", list: "a list", int: "an int", str: "a str", NUMBER: "a number"}
 
 
 def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: list[dict]) -> dict:
@@ -99,13 +113,132 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CapstackError(f"{path}: not a readable checkpoint ({error})") from None
     if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FIRST_FORMAT):
         raise CapstackError(f"{path}: not a capstack checkpoint (no {FORMAT!r} format tag)")
+    check_depth(payload, path)
     saved_digest = payload.pop(DIGEST, None)  # checkpoints before checksums have none
     if saved_digest is not None and content_digest(payload) != saved_digest:
         raise CapstackError(f"{path}: damaged checkpoint: its content does not match the "
                             f"checksum saved with it (flipped or overwritten bytes); use another "
                             f"checkpoint (best.pt, last.pt) or train again")
+    check_form(payload, path)
     payload["path"] = str(path)
-    return upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
+    payload = upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
+    check_contents(payload, path)
+    return payload
+
+
+def check_depth(payload: dict, path: Path) -> None:
+    """Refuse a value nested deeper than MAX_DEPTH, naming its field (walked without
+    recursion: the walk itself must not overflow)."""
+    stack = [(payload, "", 0)]
+    while stack:
+        value, field, depth = stack.pop()
+        if isinstance(value, dict):  # fields named down to the third level, list indices never
+            children = [(v, _subfield(field, k) if depth < 3 else field)
+                        for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            children = [(v, field) for v in value]
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise CapstackError(f"{path}: {field} nests more than {MAX_DEPTH} levels deep "
+                                f"(edited?)")
+        stack += [(v, f, depth + 1) for v, f in children]
+
+
+def _subfield(field: str, key) -> str:
+    name = key if isinstance(key, (str, int)) else type(key).__name__
+    return f"{field}.{name}" if field else str(name)
+
+
+def _held(path: Path, container: dict, key, field: str, kind=None):
+    """``container[key]``, refused unless there (and of ``kind``)."""
+    if key not in container:
+        raise CapstackError(f"{path}: no {field!r} (not a capstack checkpoint, or edited)")
+    return _of_kind(path, container[key], field, kind)
+
+
+def _of_kind(path: Path, value, field: str, kind):
+    if kind is not None and (not isinstance(value, kind) or (isinstance(value, bool)
+                                                             and kind in (int, NUMBER))):
+        name = type(value).__name__
+        raise CapstackError(f"{path}: {field} is {'an' if name[0] in 'aeiou' else 'a'} {name}, "
+                            f"not {_KINDS[kind]} (edited?)")
+    return value
+
+
+def check_form(payload: dict, path: Path) -> None:
+    """Refuse a checkpoint lacking a field the commands read, or holding one of another type,
+    naming it: one saved without a checksum may have been edited, and would fail far from the
+    file (a KeyError 'vocab', a size mismatch)."""
+    for key, kind in HOLDS.items():
+        _held(path, payload, key, key, kind)
+    first = payload["format"] == FIRST_FORMAT
+    if not first:
+        _held(path, payload, "objective", "objective", dict)
+    identity = payload["identity"]
+    _held(path, identity, "decoder", "identity.decoder", str if first else dict)
+    if first:
+        _held(path, identity, "decoder_config", "identity.decoder_config", dict)
+        decoder_config = payload["experiment"].get("decoder_config")
+        if decoder_config is not None:
+            _of_kind(path, decoder_config, "experiment.decoder_config", dict)
+    _held(path, _held(path, identity, "vocab", "identity.vocab", dict), "md5",
+          "identity.vocab.md5", str)
+    for k, store in enumerate(_held(path, identity, "stores", "identity.stores", list)):
+        _held(path, _of_kind(path, store, f"identity.stores[{k}]", dict), "fingerprint",
+              f"identity.stores[{k}].fingerprint")
+    for k, store in enumerate(payload["stores"]):
+        _of_kind(path, store, f"stores[{k}]", dict)
+        _held(path, store, "path", f"stores[{k}].path", str)
+        _held(path, store, "meta", f"stores[{k}].meta", dict)
+    if payload["feature_dim"] < 1:
+        raise CapstackError(f"{path}: feature_dim is {payload['feature_dim']}, not a positive "
+                            f"int (edited?)")
+    tensors_only(payload["model"], f"{path}: model")
+    itow = payload["vocab"].get("itow")
+    if isinstance(itow, list) and not all(isinstance(w, str) for w in itow):
+        raise CapstackError(f"{path}: vocab.itow: not a list of words (edited?)")
+
+
+def check_contents(payload: dict, path: Path) -> None:
+    """The vocabulary is the one the identity names, and the weights fit the decoder the
+    experiment describes (built on the meta device: shapes only, no memory)."""
+    from trainer.config import experiment_from_dict
+    from trainer.decoders import build_decoder
+
+    vocab = Vocabulary.from_json(payload["vocab"], f"{path}: vocab")
+    named = payload["identity"]["vocab"]["md5"]
+    if vocab.digest() != named:
+        raise CapstackError(f"{path}: vocab: its words are not those of identity.vocab (md5 "
+                            f"{vocab.digest()}, the identity names {named}) (edited?)")
+    config = experiment_from_dict(payload["experiment"], str(path))
+    name, state = config.decoder.name, payload["model"]
+
+    def build():
+        try:
+            with torch.device("meta"):
+                return build_decoder(name, config.decoder.config, len(vocab),
+                                     payload["feature_dim"])
+        except (RuntimeError, ValueError) as error:  # e.g. a negative size
+            why = (str(error).splitlines() or [type(error).__name__])[0]
+            raise CapstackError(f"{path}: experiment.decoder: cannot build the {name} decoder "
+                                f"it describes ({why}) (edited?)") from None
+
+    model = build()
+    if first_misfit(state, model, counters=True) and not _converts(state, build()):
+        require_fit(state, model, f"{path}: model",
+                    f"the {name} decoder its experiment describes", counters=True,
+                    hint="edited, or saved by a capstack whose decoder kept other weights?")
+
+
+def _converts(state: dict, model) -> bool:
+    """Whether ``model`` loads ``state`` after all: a decoder may convert an older layout of
+    its weights on load (top_down's nn.LSTMCell weights, see trainer/modules/parts_lstm.py)."""
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except Exception:  # a conversion failing on these weights: a misfit, the caller names it
+        return False
+    return True
 
 
 def upgrade(payload: dict) -> dict:

@@ -162,7 +162,7 @@ def _parse_sentence(path: Path, where: str, raw: Any) -> Sentence:
     else:
         if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
             raise CapstackError(f"{path}: {where}.tokens: expected a list of strings")
-        tokens = tuple(t.lower() for t in tokens if t.strip())
+        tokens = tuple(word.lower() for t in tokens for word in t.split())  # one word a token
         if not tokens:
             raise CapstackError(f"{path}: {where}: empty tokens")
     sentid = raw.get("sentid", -1)

@@ -26,6 +26,8 @@
     ``filepath``, ``filename``.
 ``summary.json``
     the counts this function returns.
+``checksums.json``
+    the md5 of each file above, checked whenever the folder is read (prepared.py).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
-from pipeline.captions.prepared import SPLIT_CODES
-from pipeline.captions.vocab import Vocabulary
+from pipeline.captions.prepared import SPLIT_CODES, write_checksums
+from pipeline.captions.vocab import UNK_ID, Vocabulary
 from pipeline.core.atomic import atomic_dir, check_replaceable
 from pipeline.core.errors import CapstackError
 
@@ -71,6 +73,7 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
                 {"image_id": im.image_id, "row": im.index, "filepath": im.filepath,
                  "filename": im.filename} for im in images])
         _write_json(tmp / "summary.json", summary)
+        write_checksums(tmp)  # last: the md5 of every file above, checked by load_captions
     return summary
 
 
@@ -133,7 +136,7 @@ def _summary(dataset, vocab, max_len, min_count) -> dict:
         "images": {s: len(dataset.split(s)) for s in OUT_SPLITS},
         "captions": {s: sum(len(im.sentences) for im in dataset.split(s)) for s in OUT_SPLITS},
         "vocab_size": len(vocab),
-        "unk_tokens": sum(t not in vocab.wtoi for t in train_tokens),
+        "unk_tokens": sum(i == UNK_ID for i in vocab.encode(train_tokens)),  # <eos>-words too
         "truncated": sum(len(s.tokens) > max_len for im in dataset.images for s in im.sentences),
         "max_len": max_len,
         "min_count": min_count,

@@ -4,6 +4,10 @@
 a caption, ``<unk>`` = 3 stands for every word seen fewer than ``min_count``
 times in the train split. Words follow by count (descending), ties
 alphabetical, so the same captions always give the same ids.
+
+A caption word spelled like a special token (``<eos>`` in a dataset's tokens) is a word, not
+the token: it is encoded as ``<unk>`` (never as the special id, which would end or pad the
+caption mid-way) and is neither counted nor kept as a vocabulary word.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class Vocabulary:
     @classmethod
     def build(cls, token_lists: Iterable[Sequence[str]], min_count: int) -> "Vocabulary":
         counts = Counter(t for tokens in token_lists for t in tokens)
-        kept = sorted((w for w, c in counts.items() if c >= min_count),
+        kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
                       key=lambda w: (-counts[w], w))
         return cls(kept, {w: counts[w] for w in kept}, min_count)
 
@@ -48,7 +52,9 @@ class Vocabulary:
         return isinstance(other, Vocabulary) and self.itow == other.itow
 
     def encode(self, tokens: Sequence[str]) -> list[int]:
-        return [self.wtoi.get(t, UNK_ID) for t in tokens]
+        """Word ids of caption ``tokens``; unknown words and words spelled like a special token
+        (``<eos>``, ``<pad>``, ...) are ``<unk>``."""
+        return [i if i > UNK_ID else UNK_ID for i in (self.wtoi.get(t, UNK_ID) for t in tokens)]
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Words of ``ids`` up to the first ``<eos>``; ``<pad>`` and ``<bos>`` skipped."""

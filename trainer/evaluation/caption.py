@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-from PIL import Image
 
 from pipeline.features.stores.schema import Schema, check_meta
 from trainer.batch import EvalBatch
@@ -54,8 +52,7 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
         if attention is not None and p.alphas is not None and (grid or p.boxes is not None):
             figure = attention if len(paths) == 1 else \
                 attention.with_name(f"{attention.stem}_{k}{attention.suffix}")
-            image = np.asarray(Image.open(path).convert("RGB"))
-            attention_figure(image, p.words, p.alphas, figure, grid=grid,
+            attention_figure(path, p.words, p.alphas, figure, grid=grid,
                              boxes=None if grid else p.boxes, title=" ".join(p.words))
         out.append(Caption(Path(path), p.words, p.logprob, figure,
                            None if p.boxes is None else len(p.boxes)))

@@ -14,12 +14,11 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
 from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import EOS_ID, UNK_ID, Vocabulary
+from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from trainer.checkpoint import check_identity, identity, load_checkpoint
@@ -117,9 +116,12 @@ def _pictures(preds: list[Prediction], features: Features, captions, out_dir: Pa
         if path is None or not path.is_file():
             log.warning("attention figure for image %s skipped: image file not found", p.image_id)
             continue
-        image = np.asarray(Image.open(path).convert("RGB"))
-        attention_figure(image, p.words, p.alphas, out_dir / "attention" / f"{p.image_id}.png",
-                         grid=grid, boxes=None if grid else p.boxes, title=" ".join(p.words))
+        try:
+            attention_figure(path, p.words, p.alphas,
+                             out_dir / "attention" / f"{p.image_id}.png", grid=grid,
+                             boxes=None if grid else p.boxes, title=" ".join(p.words))
+        except CapstackError as error:  # an image that no longer loads: no picture, said
+            log.warning("attention figure for image %s skipped: %s", p.image_id, error)
 
 
 def _stage_pictures(model, vocab, image_ids: list[int], features: Features, captions,
@@ -138,9 +140,11 @@ def _stage_pictures(model, vocab, image_ids: list[int], features: Features, capt
             continue
         rows = [("coarse" if i == 0 else f"fine {i}", p[k].words, None if i == 0 else p[k].alphas)
                 for i, p in enumerate(per_stage)]
-        stages_figure(np.asarray(Image.open(path).convert("RGB")), rows,
-                      out_dir / "stages" / f"{image_id}.png", grid=grid,
-                      boxes=None if grid else per_stage[1][k].boxes)
+        try:
+            stages_figure(path, rows, out_dir / "stages" / f"{image_id}.png", grid=grid,
+                          boxes=None if grid else per_stage[1][k].boxes)
+        except CapstackError as error:
+            log.warning("stage figure for image %s skipped: %s", image_id, error)
 
 
 def _goal_pictures(model: HACap, vocab, preds: list[Prediction], features: Features,

@@ -76,14 +76,22 @@ def simple_tokenize(text: str) -> str:
     return " ".join(_PUNCT.sub(" ", text.lower()).split())
 
 
+_END = object()  # the key of the end marker caption, never a caller's
+_END_CAPTION = "capstackendofcaptions"
+
+
 def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[str]]:
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
     wrapped = {k: [{"caption": c} for c in caps] for k, caps in captions.items()}
+    wrapped[_END] = [{"caption": _END_CAPTION}]
     out = PTBTokenizer().tokenize(wrapped)
-    # PTB pairs output lines with ids by position; a lost line shifts them all.
-    if any(len(out.get(k, ())) != len(caps) for k, caps in captions.items()):
-        raise RuntimeError("PTB tokenizer returned a different number of captions")
+    # PTB pairs output lines with ids by position and drops lines past the last id (zip): a
+    # lost line or an extra one shifts every later caption. The end marker, last in, must
+    # come back whole and last.
+    if out.pop(_END, None) != [_END_CAPTION] or any(
+            len(out.get(k, ())) != len(caps) for k, caps in captions.items()):
+        raise RuntimeError("PTB tokenizer's lines out do not match the captions' lines in")
     return out
 
 
@@ -174,6 +182,10 @@ def _bleu(gts, res) -> list[float]:
 def _meteor(gts, res) -> list[float]:
     from pycocoevalcap.meteor.meteor import Meteor
 
+    # METEOR's stdin protocol: one "SCORE ||| ref ||| ... ||| hypothesis" line per image. A
+    # tokenizer's output is one line already; this holds whatever the caller passes.
+    gts = {k: [one_line(c) for c in caps] for k, caps in gts.items()}
+    res = {k: [one_line(c) for c in caps] for k, caps in res.items()}
     meteor = Meteor()
     try:
         value, _ = meteor.compute_score(gts, res)

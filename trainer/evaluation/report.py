@@ -45,15 +45,22 @@ def _block_order(family: str) -> int:
     return known.index(family) if family in known else len(known) + (family == "")
 
 
+def one_line(text: Any) -> str:
+    """``text`` with every run of whitespace (line breakers included) as one space: a table row
+    or a note stays one line of metrics.csv and metrics.md."""
+    return " ".join(str(text).split())
+
+
 def metrics_table(rows: list[tuple]) -> pd.DataFrame:
     """One row per (approach, score()["metrics"][, training[, family]]); columns exactly COLUMNS.
 
     Rows are ordered block by block (cross-entropy, then reinforcement, ...), in the given
-    order within a block; ``table.attrs["families"]`` holds each row's family.
+    order within a block; ``table.attrs["families"]`` holds each row's family. Approach and
+    training labels are put on one line (:func:`one_line`).
     """
     rows = sorted([(approach, metrics, *(list(rest) + ["", ""])[:2])
                    for approach, metrics, *rest in rows], key=lambda r: _block_order(r[3]))
-    table = pd.DataFrame([[approach, training]
+    table = pd.DataFrame([[one_line(approach), one_line(training)]
                           + [_percent(metrics.get(_METRIC_OF[c])) for c in METRIC_COLUMNS]
                           for approach, metrics, training, _ in rows], columns=COLUMNS, dtype=object)
     table.attrs["families"] = [family for *_, family in rows]
@@ -118,7 +125,7 @@ def _kept_start_lines(docs: list[dict]) -> list[str]:
 
 def _cell(value: Any) -> str:
     text = f"{value:.1f}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return one_line(text).replace("|", "\\|")
 
 
 def _markdown_rows(table: pd.DataFrame) -> list[str]:
@@ -149,7 +156,7 @@ def markdown(table: pd.DataFrame, notes: list[str]) -> str:
             titled = f"{title} ({', '.join(labels)})" if len(labels) > 1 else title
             lines += ([""] if lines else []) + [f"**{titled}**", ""] + _markdown_rows(rows)
     if notes:
-        lines += [""] + notes
+        lines += [""] + [one_line(note) for note in notes]
     return "\n".join(lines) + "\n"
 
 

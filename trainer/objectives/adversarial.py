@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pipeline.captions.vocab import BOS_ID
-from trainer.config import MAX_SAMPLES, MAX_STEPS, bounded
+from trainer.bounds import MAX_SAMPLES, MAX_STEPS, bounded
 from trainer.decode import sample
 from trainer.decoders.base import Decoder, expand_context
 from trainer.decoders.hacap import HACap, intrinsic_rewards, manager_cosines

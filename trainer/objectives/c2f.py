@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trainer.config import MAX_SAMPLES, bounded
+from trainer.bounds import MAX_SAMPLES, bounded
 from trainer.decode import sample
 from trainer.decoders.base import StagedDecoder
 from trainer.objectives import OBJECTIVES

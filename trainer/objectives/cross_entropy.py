@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.config import MAX_EPOCHS, bounded
+from trainer.bounds import MAX_EPOCHS, bounded
 from trainer.decoders.base import Decoder, expand_context
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, StepKey

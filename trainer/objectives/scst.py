@@ -26,7 +26,7 @@ from torch import Tensor
 from pipeline.captions.vocab import EOS_ID
 from pipeline.core.errors import CapstackError
 from trainer.batch import Share
-from trainer.config import MAX_SAMPLES, bounded
+from trainer.bounds import MAX_SAMPLES, bounded
 from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES

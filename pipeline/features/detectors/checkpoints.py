@@ -47,7 +47,7 @@ from torch import Tensor
 from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
-from pipeline.core.state_dicts import first_misfit, listed
+from pipeline.core.state_dicts import listed, require_fit, tensors_only
 from pipeline.features.detectors.anchors import VG_RATIOS, VG_SCALES, cell_anchors
 from pipeline.features.detectors.caffe_resnet import ResNetShape
 from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig
@@ -145,14 +145,9 @@ def tensors_of(path: Path, state) -> dict[str, Tensor]:
     if not isinstance(state, dict) or not state:
         raise CapstackError(f"{path}: not a checkpoint (expected a dict of tensors, or one under "
                             f"'model')")
-    out = {}
-    for key, value in state.items():
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(np.ascontiguousarray(value))
-        if not isinstance(value, Tensor):
-            raise CapstackError(f"{path}: {key} is a {type(value).__name__}, not a tensor")
-        out[key] = value
-    return out
+    return tensors_only({key: torch.from_numpy(np.ascontiguousarray(value))
+                         if isinstance(value, np.ndarray) else value
+                         for key, value in state.items()}, path)  # named as backbones name them
 
 
 def detect_naming(path: Path, state: dict[str, Tensor]) -> Naming:
@@ -308,11 +303,7 @@ def vg_config(path: Path, naming: Naming, state: dict[str, Tensor]) -> DetectorC
 def check_fits(path: Path, naming: str, state: dict[str, Tensor], model: BottomUpDetector,
                spelled=lambda key: key) -> None:
     """Refuse, naming the first keys (as the file spells them), unless state fits model exactly."""
-    misfit = first_misfit(state, model, spelled)
-    if misfit:
-        problem, keys = misfit
-        raise CapstackError(f"{path}: does not fit the bottom-up detector (naming {naming}): "
-                            f"{problem} {listed(keys)}")
+    require_fit(state, model, path, f"the bottom-up detector (naming {naming})", spelled=spelled)
 
 
 def _theirs(naming: Naming):

@@ -20,6 +20,7 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
+from pipeline.core.state_dicts import require_fit, tensors_only
 
 RANDOM = "random"
 RANDOM_SEED = 0
@@ -99,14 +100,14 @@ def load_resnet(name: str, weights: Weights) -> ResNet:
             from None
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
-    fc = state.get("fc.weight") if isinstance(state, dict) else None
-    model = build_resnet(name, num_classes=fc.shape[0] if fc is not None else 1000)
-    result = model.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if not k.startswith("fc.")]
-    if missing or result.unexpected_keys:
-        bad = (missing or result.unexpected_keys)[:3]
-        raise CapstackError(f"{weights.path}: not a {name} state_dict "
-                            f"({'missing' if missing else 'unexpected'} keys {', '.join(bad)}...)")
+    state = tensors_only(state, weights.path)
+    fc = state.get("fc.weight")
+    model = build_resnet(name, num_classes=fc.shape[0] if fc is not None and fc.dim() == 2
+                         else 1000)
+    # checked before anything is copied: the same words as a detector checkpoint that misfits
+    require_fit(state, model, weights.path, name, may_lack=lambda key: key.startswith("fc."),
+                hint="weights of another backbone?")
+    model.load_state_dict(state, strict=False)  # only fc.* may be left out
     return model
 
 

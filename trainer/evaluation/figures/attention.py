@@ -8,6 +8,7 @@ region features as their boxes, shaded by weight.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,24 @@ PANEL_WIDTH_IN = 2.4
 TITLE_HEIGHT_IN = 0.35
 
 
-def _check_image(image: np.ndarray, out: Path) -> np.ndarray:
+def figure_image(path: str | os.PathLike) -> np.ndarray:
+    """The image file at ``path`` as the feature extractor saw it, H x W x 3 uint8: loaded by the
+    extractor's own :func:`~pipeline.features.extract.images.load_rgb` (EXIF orientation
+    applied, alpha on white, 16-bit scaled), so boxes and grid cells, computed on those pixels,
+    land where they were. ``Image.open(path).convert("RGB")`` drew an EXIF-rotated photo
+    unrotated, under boxes of the rotated one."""
+    from pipeline.features.extract.images import ImageSkipped, load_rgb
+
+    try:
+        return np.asarray(load_rgb(path))
+    except ImageSkipped as skipped:
+        raise CapstackError(f"{os.fspath(path)}: cannot draw attention on it: "
+                            f"{skipped.reason}") from None
+
+
+def _check_image(image: np.ndarray | str | os.PathLike, out: Path) -> np.ndarray:
+    if isinstance(image, (str, os.PathLike)):
+        return figure_image(image)
     image = np.asarray(image)
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise CapstackError(
@@ -108,7 +126,7 @@ def _draw_box_panel(ax: Axes, image: np.ndarray, alpha_row: np.ndarray, boxes: n
 
 
 def attention_figure(
-    image: np.ndarray,
+    image: np.ndarray | str | os.PathLike,
     words: list[str],
     alphas: np.ndarray,
     out: Path,
@@ -118,6 +136,9 @@ def attention_figure(
     title: str | None = None,
 ) -> Path:
     """Draw the image followed by one attention panel per caption word; save PNG to ``out``.
+
+    ``image`` is an H x W x 3 uint8 array, or the image file's path: then it is loaded as the
+    extractor loaded it (:func:`figure_image`).
 
     ``alphas`` is ``[T, L]``; rows past ``len(words)`` are ignored. Give
     ``grid=k`` for a ``k x k`` spatial grid (heat-map overlay) or ``boxes`` as
@@ -142,7 +163,7 @@ def attention_figure(
 
 
 def stages_figure(
-    image: np.ndarray,
+    image: np.ndarray | str | os.PathLike,
     stages: list[tuple[str, list[str], np.ndarray | None]],
     out: Path,
     *,
@@ -152,7 +173,8 @@ def stages_figure(
     """Stack-Cap's Figure 3: one row per stage, its caption and its attention per word.
 
     ``stages`` holds (label, words, alphas [T, L] or None) from coarse to fine;
-    a stage without attention (the coarse LSTM) shows its caption on the image.
+    a stage without attention (the coarse LSTM) shows its caption on the image. ``image`` is
+    an array or a path, as for :func:`attention_figure`.
     """
     out = Path(out)
     image = _check_image(image, out)
