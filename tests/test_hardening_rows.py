@@ -191,6 +191,10 @@ def test_a_fifo_among_the_source_files_is_a_bad_row_never_opened(coco, rows, tmp
     with pytest.raises(CapstackError, match=r"fifo.tsv: not a regular file \(a FIFO\): expected "
                                             r"a BUTD TSV"):
         run("butd-tsv", [tmp_path / "fifo.tsv"], coco, tmp_path)
+    (tmp_path / "fifo.lmdb").mkdir()
+    os.mkfifo(tmp_path / "fifo.lmdb" / "data.mdb")
+    with pytest.raises(CapstackError, match=r"data.mdb: not a regular file: expected an LMDB"):
+        run("mmf-lmdb", [tmp_path / "fifo.lmdb"], coco, tmp_path)
 
 
 BLOCKED = """
@@ -304,6 +308,39 @@ def test_mmf_npy_reads_vilberts_dict_per_image(coco, rows, tmp_path):
         np.testing.assert_array_equal(record["boxes"], row["boxes"])
         np.testing.assert_array_equal(record["classes"], row["classes"])
         assert (record.height, record.width) == (row["image_h"], row["image_w"])
+
+
+def test_mmf_lmdb_reads_vilberts_key_names(coco, rows, tmp_path):
+    """ViLBERT's conversion names the info fields boxes, image_w, image_h."""
+    path = tmp_path / "vilbert.lmdb"
+    env = lmdb.open(str(path), map_size=1 << 24)
+    keys = []
+    with env.begin(write=True) as txn:
+        for row in rows:
+            key = stem(row["image_id"]).encode()
+            item = {"image_id": key.decode(), "features": row["features"],
+                    "boxes": row["boxes"], "num_boxes": len(row["boxes"]),
+                    "image_w": row["image_w"], "image_h": row["image_h"]}
+            txn.put(key, pickle.dumps(item))
+            keys.append(key)
+        txn.put(b"keys", pickle.dumps(keys))
+    env.close()
+    store = run("mmf-lmdb", [path], coco, tmp_path)
+    for row in rows:
+        record = store.get(row["image_id"])
+        np.testing.assert_array_equal(record.features, row["features"])
+        np.testing.assert_array_equal(record["boxes"], row["boxes"])
+        assert (record.height, record.width) == (row["image_h"], row["image_w"])
+
+
+def test_rtl_npz_reads_att_folders_of_npy_files(coco, rows, tmp_path):
+    """An att folder of <id>.npy arrays (no npz) reads as the npz one does."""
+    (tmp_path / "cocobu_att").mkdir()
+    for row in rows:
+        np.save(tmp_path / "cocobu_att" / f"{row['image_id']}.npy", row["features"])
+    store = run("rtl-npz", [tmp_path / "cocobu_att"], coco, tmp_path)
+    for row in rows:
+        np.testing.assert_array_equal(store.get(row["image_id"]).features, row["features"])
 
 
 # -- 8. one malformed row is that row's bad row -----------------------------------------------------

@@ -137,6 +137,8 @@ def _provenance(path: Path, hashes: HashCache, update) -> dict:
         digest = hashes.digest(path, progress=update)
     except OSError as error:
         raise CapstackError(f"{path}: cannot read ({error.strerror})") from None
+    if digest is None:  # gone, or neither a regular file nor a folder (never read)
+        raise CapstackError(f"{path}: not a regular file or a folder of them")
     entry = {"path": str(path.resolve()), "size": digest.size, "md5": digest.md5}
     return entry | ({"files": digest.nfiles} if path.is_dir() else {})
 

@@ -31,8 +31,12 @@ def open_lmdb(path: Path) -> lmdb.Environment:
 
 
 def data_file(path: Path) -> Path:
-    """The file holding an LMDB's data (what is hashed; the lock file is not content)."""
-    return path / "data.mdb" if path.is_dir() else path
+    """The file holding an LMDB's data (what is hashed; the lock file is not content); refused
+    when it is a FIFO or a device, which would block the hashing or the mapping."""
+    data = path / "data.mdb" if path.is_dir() else path
+    if data.exists() and not data.is_file():
+        raise CapstackError(f"{data}: not a regular file: expected an LMDB's data file")
+    return data
 
 
 def reserved(key: bytes, extra: tuple[bytes, ...] = ()) -> bool:
