@@ -183,6 +183,70 @@ def test_foreach_makes_one_stage_per_key(tmp_path):
         stages.with_overrides("train@show_tell", ["key=top_down"])
 
 
+def test_vars_name_a_list_once_for_foreach_cmd_and_deps(tmp_path):
+    from cli import main
+    from pipeline.engine.stagefile import load_stages_file
+
+    path = tmp_path / "stages.yaml"
+    path.write_text(GOOD + """
+  train:
+    foreach: ${approaches}
+    do:
+      cmd: capstack train configs/${key}.yaml --out runs/${key} --set train.epochs=${item.epochs}
+      deps: [data/prepared]
+      outs:
+        - runs/${key}
+  evaluate:
+    foreach:
+      - ${approaches}
+      - ${approaches}-rl
+    do:
+      cmd: capstack evaluate runs/${key} --out evals/${key}
+      outs:
+        - evals/${key}
+  tables:
+    cmd: capstack report evals/${approaches} evals/${approaches}-rl --out reports
+    deps:
+      - evals/${approaches}
+      - evals/${approaches}-rl
+    outs: [reports]
+vars:
+  approaches:
+    show_tell: {epochs: 2}
+    top_down: {epochs: 3}
+""")
+    stages = load_stages_file(path, main.commands)
+    assert stages.stage("train@top_down").cmd.endswith("--out runs/top_down --set train.epochs=3")
+    assert stages.stage("train@top_down").params == {"item.epochs": 3, "key": "top_down"}
+    assert [n for n in stages.stages if n.startswith("evaluate@")] == [
+        "evaluate@show_tell", "evaluate@top_down", "evaluate@show_tell-rl", "evaluate@top_down-rl"]
+    tables = stages.stage("tables")
+    assert tables.cmd == ("capstack report evals/show_tell evals/top_down evals/show_tell-rl "
+                          "evals/top_down-rl --out reports")
+    assert tables.deps == ("evals/show_tell", "evals/top_down", "evals/show_tell-rl",
+                           "evals/top_down-rl")
+    assert tables.params == {}  # a var is not a param: the command says it all
+    path.write_text(path.read_text().replace("params:", "params:\n  approaches: 1", 1))
+    with pytest.raises(CapstackError, match=r"vars.approaches: also a param"):
+        load_stages_file(path, main.commands)
+
+
+def test_the_shipped_approach_list_gives_the_stages_written_out_before_it():
+    """stages.yaml names the approaches once; its stages equal those of the file that listed
+    them in four places (tests/data/stages_before_vars.yaml): same commands, deps, outs and
+    params, so nothing reruns."""
+    from pathlib import Path
+
+    from cli import main
+    from pipeline.engine.stagefile import load_stages_file
+
+    root = Path(__file__).resolve().parent.parent
+    before = load_stages_file(root / "tests" / "data" / "stages_before_vars.yaml", main.commands)
+    now = load_stages_file(root / "stages.yaml", main.commands)
+    for name, stage in before.stages.items():
+        assert now.stages[name] == stage, name
+
+
 def test_shipped_stages_files_and_experiments_are_valid():
     """stages.yaml, configs/*.yaml and every experiment they name parse strictly."""
     from pathlib import Path

@@ -23,12 +23,29 @@ TINY_HACAP = {"embed": 32, "worker": 32, "manager": 16, "att_hidden": 16, "discr
               "discriminator_embed": 16}
 
 
+TINY = {"hacap": TINY_HACAP, **{name: TINY_ATTENTION for name in (
+    "soft_attention", "hard_attention", "top_down", "stack_cap", "stack_cap_star")},
+    **{name: TINY_DECODER for name in ("show_tell", "lstm3", "gru_init")}}
+
+
 def tiny_decoder_config(name: str) -> dict:
-    if name == "hacap":
-        return dict(TINY_HACAP)
-    return dict(TINY_ATTENTION if name in ("soft_attention", "hard_attention", "top_down", "stack_cap",
-                                             "stack_cap_star")
-                else TINY_DECODER)
+    """Small sizes for a decoder's tests: the papers' decoders' as chosen here; any other
+    registered decoder's from its config (widths of 64 or more to 32, depths above 2 to 2), so
+    a new decoder runs through every generic test without being listed."""
+    if name in TINY:
+        return dict(TINY[name])
+    import dataclasses
+
+    from trainer.decoders import DECODERS
+
+    tiny = {}
+    for f in dataclasses.fields(DECODERS.get(name).Config):
+        if isinstance(f.default, int) and not isinstance(f.default, bool):
+            if f.default >= 64:
+                tiny[f.name] = 32
+            elif "layers" in f.name and f.default > 2:
+                tiny[f.name] = 2
+    return tiny
 
 
 def make_prepared(root: Path, n_train=12, n_val=4, n_test=4, seed=3) -> tuple[Path, Path]:

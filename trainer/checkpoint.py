@@ -123,7 +123,24 @@ def load_checkpoint(path: str | Path) -> dict:
     payload["path"] = str(path)
     payload = upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
     check_contents(payload, path)
+    if not isinstance(payload.get("table"), dict):  # saved before checkpoints said it
+        payload["table"] = table_labels_of(payload["experiment"])
     return payload
+
+
+def table_labels(objective) -> dict:
+    """How a table names the training a checkpoint had (``SCST``, ``reinforcement``): saved in
+    the checkpoint and copied into metrics.json, so reports need no registry."""
+    return {"training": objective.label, "family": objective.family}
+
+
+def table_labels_of(experiment: dict) -> dict:
+    """:func:`table_labels` of a checkpoint saved before checkpoints recorded them."""
+    from trainer.objectives import OBJECTIVES
+
+    name = (experiment.get("objective") or {}).get("name", "xe")
+    return table_labels(OBJECTIVES.get(name)) if name in OBJECTIVES else \
+        {"training": name, "family": "unknown"}
 
 
 def check_depth(payload: dict, path: Path) -> None:

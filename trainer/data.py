@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from pipeline.captions.prepared import Captions
-from pipeline.captions.vocab import BOS_ID as BOS
-from pipeline.captions.vocab import EOS_ID as EOS
-from pipeline.captions.vocab import PAD_ID as PAD
 from pipeline.core.errors import CapstackError
 from pipeline.core.ranks import Ranks
+from pipeline.core.tokens import BOS_ID as BOS
+from pipeline.core.tokens import EOS_ID as EOS
+from pipeline.core.tokens import PAD_ID as PAD
 from pipeline.features.stores import Batch, Record, open_store
 from pipeline.features.stores.buffer import BatchBuffer
 from pipeline.features.stores.pointer import read_pointer

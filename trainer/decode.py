@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
+from pipeline.core.tokens import BOS_ID, EOS_ID, PAD_ID
 from trainer.decoders.base import Context, Decoder, expand_context, select
 
 

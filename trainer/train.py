@@ -47,7 +47,8 @@ from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
 from pipeline.core.runlock import exclusive_beside
-from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (check_identity, identity, load_checkpoint, save_checkpoint,
+                                table_labels)
 from trainer.config import ExperimentConfig
 from trainer.data import Features, TrainBatches, covered
 from trainer.decoders import build_decoder
@@ -204,6 +205,7 @@ class Run:
             "feature_dim": self.features.feature_dim,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "objective": self.objective.state_dict(),
+            "table": table_labels(self.objective),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
             "epoch_loss": list(self.epoch_loss), "start": self.start,

@@ -20,10 +20,8 @@ from typing import Iterable, Sequence
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json
-
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-SPECIALS = (PAD, BOS, EOS, UNK)
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+from pipeline.core.tokens import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIALS,  # noqa: F401
+                                  UNK, UNK_ID)
 
 
 def digest_words(itow: Sequence[str]) -> str:

@@ -45,6 +45,33 @@ One entry can declare a family of stages, as DVC's ``foreach``/``do`` does::
 gives the stages ``train@show_tell`` and ``train@top_down``; the ``${key}`` and
 ``${item.NAME}`` a stage uses are recorded among its params.
 
+A list the file uses in several places is named once under ``vars``, as DVC's
+``vars`` are, and referenced: ``foreach: ${approaches}`` loops over its keys
+(and values); in a ``foreach`` list, a ``cmd`` word, a dep or an out, a word
+holding ``${approaches}`` stands for one word per key, what surrounds the
+reference added to each (``evals/${approaches}-rl``)::
+
+    vars:
+      approaches:                # key -> values of ${item.NAME}
+        show_tell: {features: grid}
+        top_down: {features: regions}
+    stages:
+      train:
+        foreach: ${approaches}
+        do: {cmd: capstack train configs/experiments/${key}.yaml --out runs/${key}, ...}
+      evaluate:
+        foreach:                 # block lists: YAML reads { in a [flow list] as a mapping
+          - ${approaches}
+          - ${approaches}-rl
+        do: {cmd: capstack evaluate runs/${key} --out evals/${key}, ...}
+      tables:
+        cmd: capstack report evals/${approaches} evals/${approaches}-rl --out reports
+        deps:
+          - evals/${approaches}
+          - evals/${approaches}-rl
+
+A var is not a param: what a stage records is what its command becomes.
+
 A stage with ``when: NAME`` exists only while the param ``NAME`` is set (not
 empty, not false, not 0); ``when: not NAME`` only while it is not. Two stages
 may so write the same out, one at a time: an import stage taking over from an
@@ -79,7 +106,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # @key: a foreach key, which may be a relative path (train@stack_cap/top_down)
 _STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$")
 _LOOP_KEYS = {"foreach", "do"}
-_TOP_KEYS = {"params", "stages", "demo"}
+_TOP_KEYS = {"params", "vars", "stages", "demo"}
 _STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc", "when", "shell"}
 SHELL = "/bin/sh"  # what runs the cmd of a stage with ``shell: true``, as ``/bin/sh -c CMD``
 _WHEN = re.compile(r"^(not\s+)?(?!not$)([A-Za-z_][A-Za-z0-9_.]*)$")
@@ -185,12 +212,13 @@ def load_stages_file(path: str | os.PathLike, commands: Iterable[str],
     commands = frozenset(commands)
     parallel = None if parallel is None else frozenset(parallel)
     shared = _check_params(path, "params", raw.get("params", {}) or {})
+    lists = _check_vars(path, raw.get("vars", {}) or {}, shared)
     stages_raw = raw.get("stages")
     if not isinstance(stages_raw, dict) or not stages_raw:
         raise CapstackError(f"{path}: stages: expected a mapping of stage names to stages")
     templates = {}
     for name, body in stages_raw.items():
-        for template in _expand(path, name, body):
+        for template in _expand(path, name, _with_vars(path, f"stages.{name}", body, lists)):
             if template.name in templates:
                 raise CapstackError(f"{path}: stages.{template.name}: declared twice")
             templates[template.name] = template
@@ -318,6 +346,65 @@ def _check_str_list(path: Path, where: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise CapstackError(f"{path}: {where}: expected a list of paths")
     return tuple(value)
+
+
+_VAR_REF = re.compile(r"\$\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}")
+
+
+def _check_vars(path: Path, raw: Any, shared: Mapping[str, Any]) -> dict[str, dict]:
+    """``vars``: name -> a list of keys, or a mapping of keys to values (as a foreach takes)."""
+    if not isinstance(raw, dict):
+        raise CapstackError(f"{path}: vars: expected a mapping of names to lists")
+    out = {}
+    for name, value in raw.items():
+        where = f"vars.{name}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise CapstackError(f"{path}: vars: invalid name {name!r}")
+        if name in shared:
+            raise CapstackError(f"{path}: {where}: also a param; a name is one or the other")
+        if isinstance(value, list):
+            value = {item: {} for item in value}
+        if not isinstance(value, dict) or not value or not all(
+                isinstance(k, (str, int)) and not isinstance(k, bool) for k in value):
+            raise CapstackError(f"{path}: {where}: expected a non-empty list of keys or a "
+                                f"mapping of keys to values")
+        out[name] = {str(k): _check_params(path, f"{where}.{k}", v or {})
+                     for k, v in value.items()}
+    return out
+
+
+def _with_vars(path: Path, where: str, body: Any, lists: Mapping[str, dict]) -> Any:
+    """The stage entry with its var references expanded: ``foreach: ${NAME}`` as the var's
+    mapping, and each word of a foreach list, cmd, deps or outs holding ``${NAME}`` as one
+    word per key of the var (what surrounds the reference added to each)."""
+    if not lists or not isinstance(body, dict):
+        return body
+    body = dict(body)
+    loop = body.get("foreach")
+    if isinstance(loop, str) and (whole := _VAR_REF.fullmatch(loop.strip())) \
+            and whole.group(1) in lists:
+        body["foreach"] = lists[whole.group(1)]
+    elif isinstance(loop, list):
+        body["foreach"] = [w for item in loop for w in _spread(str(item), lists)]
+    inner = dict(body["do"]) if isinstance(body.get("do"), dict) else body
+    if isinstance(inner.get("cmd"), str):
+        inner["cmd"] = " ".join(w for word in inner["cmd"].split(" ") for w in _spread(word, lists))
+    for key in ("deps", "outs"):
+        if isinstance(inner.get(key), list):
+            inner[key] = [w for item in inner[key] for w in
+                          (_spread(item, lists) if isinstance(item, str) else [item])]
+    if inner is not body:
+        body["do"] = inner
+    return body
+
+
+def _spread(word: str, lists: Mapping[str, dict]) -> list[str]:
+    """``word``, or one word per key of each var it references (every combination)."""
+    m = next((m for m in _VAR_REF.finditer(word) if m.group(1) in lists), None)
+    if m is None:
+        return [word]
+    return [w for key in lists[m.group(1)]
+            for w in _spread(word[:m.start()] + key + word[m.end():], lists)]
 
 
 def _expand(path: Path, name: Any, body: Any) -> list[StageTemplate]:

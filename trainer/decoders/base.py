@@ -105,6 +105,11 @@ class Decoder(nn.Module):
         super().__init__()
         self.config, self.vocab_size, self.feature_dim = config, vocab_size, feature_dim
 
+    def figures(self, pictures) -> None:
+        """Pictures beyond the attention one every attention decoder gets, drawn at evaluation
+        from a :class:`~trainer.evaluation.pictures.Pictures` (the evaluated captions, their
+        images, the output folder). None by default."""
+
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """The parameters the run's optimiser trains, by group (an Adam parameter group each).
 
@@ -218,3 +223,23 @@ class StagedDecoder(Decoder):
             yield self
         finally:
             self.head = previous
+
+    def figures(self, pictures) -> None:
+        """Stack-Cap's Figure 3: every stage's greedy caption and attention, coarse to fine."""
+        from trainer.evaluation.figures import stages_figure
+
+        per_stage = []
+        for stage in range(self.stages):
+            with self.heading(stage):
+                per_stage.append(pictures.greedy(self))
+        for k, p in enumerate(pictures.preds):
+            fine = per_stage[1][k]
+            if pictures.grid is None and fine.boxes is None:
+                continue
+            path = pictures.image(p.image_id)
+            if path is None:
+                continue
+            rows = [("coarse" if i == 0 else f"fine {i}", s[k].words, None if i == 0 else s[k].alphas)
+                    for i, s in enumerate(per_stage)]
+            pictures.draw("stages", p.image_id, stages_figure, path, rows, grid=pictures.grid,
+                          boxes=None if pictures.grid else fine.boxes)

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.captions.vocab import BOS_ID
 from pipeline.core.errors import CapstackError
+from pipeline.core.tokens import BOS_ID, EOS_ID
 from trainer.decoders import DECODERS
 from trainer.decoders.base import (Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State,
                                    WordFeed)
@@ -229,6 +229,25 @@ class HACap(Decoder):
                                       c.horizon, last)
             terms.summed = terms.summed - c.manager_weight * cosines.sum()
         return terms
+
+    def figures(self, pictures) -> None:
+        """HACap's Figures 3-4: the MANAGER's goals along each evaluated caption."""
+        from trainer.evaluation.figures import goals_figure
+
+        preds = pictures.preds
+        batch = pictures.batch()
+        length = max(len(p.words) for p in preds) + 1
+        tokens = torch.zeros(len(preds), length, dtype=torch.long, device=batch.feats.device)
+        for k, p in enumerate(preds):
+            ids = pictures.vocab.encode(p.words) + [EOS_ID]
+            tokens[k, :len(ids)] = torch.tensor(ids)
+        trace = self.goal_trace(self.encode(batch.feats, batch.mask), tokens)
+        for k, p in enumerate(preds):
+            if p.words:
+                pictures.draw("goals", p.image_id, goals_figure, p.words,
+                              trace["subgoals"][k].cpu().numpy(),
+                              trace["cosines"][k].cpu().numpy(),
+                              trace["goals"][k].cpu().numpy(), title=" ".join(p.words))
 
     @torch.no_grad()
     def goal_trace(self, ctx: Context, tokens: Tensor) -> dict[str, Tensor]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pipeline.captions.vocab import EOS_ID, PAD_ID
+from pipeline.core.tokens import EOS_ID, PAD_ID
 from trainer.modules.sru import SRU
 
 
