@@ -1,11 +1,11 @@
 """Every approach of the demo, XE then RL (and adversarial), over seeds: means, spreads, orderings.
 
 After `make demo` (its cached features, prepared captions and CIDEr cache),
-trains each experiment of configs/experiments/ with cross-entropy, then
-fine-tunes it with the reinforcement settings its `rl` stage in stages.yaml
-gives (objective, lr, epochs, extra settings), and, for an approach the
-`adversarial` stage lists (HACap), trains its adversarial phase from the same
-XE start, at each seed; evaluates every run with beam search on the test split. Prints test CIDEr per seed, mean +- std per row, RL - XE
+trains each experiment of configs/experiments/ with cross-entropy, then every
+phase stages.yaml trains from that XE run with the same overrides its stage
+passes (`rl@NAME`: SCST or C2F; `rl_mix@NAME`: SCST on a mixed reward;
+`adversarial@NAME`: HACap's adversarial phase), from the same XE start, at each
+seed; evaluates every run with beam search on the test split. Prints test CIDEr per seed, mean +- std per row, RL - XE
 per approach, and each ordering the papers report with its margin in units of
 the larger of the two rows' spreads (std over seeds). Runs that finished are
 reused, so an interrupted benchmark resumes; results go to OUT/results.json, beside
@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,18 +46,30 @@ ORDERINGS = [
 ]
 
 
-def rl_settings(stages_file: Path) -> tuple[dict, dict]:
-    """Each approach's RL settings (objective, lr, epochs, samples), and the RL stage's params,
-    from the stages file."""
-    data = yaml.safe_load(stages_file.read_text())
-    rl = data["stages"]["rl"]
-    return rl["foreach"], {**rl["do"].get("params", {}), "cider": data["params"]["cider"]}
+# the phases a run can have after XE, each the stage family that trains it from train@NAME
+PHASES = (("rl", "rl"), ("mix", "rl_mix"), ("adv", "adversarial"))
 
 
-def adversarial_settings(stages_file: Path) -> dict:
-    """The approaches the adversarial stage trains, each with its settings (lr, epochs)."""
-    stage = yaml.safe_load(stages_file.read_text())["stages"].get("adversarial", {})
-    return stage.get("foreach", {})
+def stage_settings(stages_file: Path) -> dict[str, list[str]]:
+    """Every train-command stage's ``--set`` overrides, by stage name, as the stages file
+    resolves them (vars, foreach, params): the benchmark trains what the stages train."""
+    from cli import stage_commands
+    from pipeline.engine.stagefile import load_stages_file
+
+    stages = load_stages_file(stages_file, stage_commands()).stages
+    return {name: [a for prev, a in zip(st.argv, st.argv[1:]) if prev == "--set"]
+            for name, st in stages.items() if st.command == "train"}
+
+
+def seeded(overrides: list[str], seed: int, start: Path | None = None) -> list[str]:
+    """A stage's overrides at ``seed``, starting from ``start`` (the seed's own XE run)."""
+    kept = [o for o in overrides if not o.startswith(("train.seed=", "train.init_from="))]
+    return kept + [f"train.seed={seed}"] + ([f"train.init_from={start}"] if start else [])
+
+
+def label(overrides: list[str]) -> str:
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("objective.name=")), "xe")
+    return name.upper()
 
 
 def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
@@ -72,33 +83,27 @@ def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
 
 
 def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) -> dict:
-    per_approach, params = rl_settings(ROOT / "stages.yaml")
-    adversarial = adversarial_settings(ROOT / "stages.yaml")
+    settings = stage_settings(ROOT / "stages.yaml")
     results = {}
     for name in names:
         experiment = ROOT / "configs" / "experiments" / f"{name}.yaml"
-        rl = per_approach[name]
+        phases = [(key, settings[f"{family}@{name}"]) for key, family in PHASES
+                  if rl_too and f"{family}@{name}" in settings]
+        entry = results.setdefault(name, {"xe": [], "rl": [], "objective": "-"})
         for seed in seeds:
-            xe_run, rl_run = out / f"{name}-seed{seed}", out / f"{name}-rl-seed{seed}"
-            xe = run_once(experiment, xe_run, [f"train.seed={seed}"])
-            reinforced = float("nan") if not rl_too else run_once(experiment, rl_run, [
-                f"objective.name={rl['objective']}", f"objective.cider_cache={params['cider']}",
-                f"objective.samples={rl['samples']}", f"train.init_from={xe_run / 'best.pt'}",
-                f"train.lr={rl['lr']}", "train.lr_decay_every=0", f"train.epochs={rl['epochs']}",
-                f"train.seed={seed}"])
-            results.setdefault(name, {"xe": [], "rl": [], "objective": rl["objective"]})
-            results[name]["xe"].append(xe)
-            results[name]["rl"].append(reinforced)
-            line = f"seed {seed} {name:>15}: test CIDEr XE {xe:5.1f}  " \
-                   f"{rl['objective'].upper()} {reinforced:5.1f}"
-            if name in adversarial and rl_too:
-                adv = adversarial[name]
-                results[name].setdefault("adv", []).append(run_once(
-                    experiment, out / f"{name}-adv-seed{seed}", [
-                        "objective.name=adversarial", f"train.init_from={xe_run / 'best.pt'}",
-                        f"train.lr={adv['lr']}", "train.lr_decay_every=0",
-                        f"train.epochs={adv['epochs']}", f"train.seed={seed}"]))
-                line += f"  Adv {results[name]['adv'][-1]:5.1f}"
+            xe_run = out / f"{name}-seed{seed}"
+            xe = run_once(experiment, xe_run, seeded(settings.get(f"train@{name}", []), seed))
+            entry["xe"].append(xe)
+            line = f"seed {seed} {name:>15}: test CIDEr XE {xe:5.1f}"
+            for key, overrides in phases:
+                suffix = {"rl": "rl", "mix": "rl-mix", "adv": "adv"}[key]
+                score = run_once(experiment, out / f"{name}-{suffix}-seed{seed}",
+                                 seeded(overrides, seed, xe_run / "best.pt"))
+                entry.setdefault(key, []).append(score)
+                entry["objective" if key == "rl" else f"{key}_objective"] = label(overrides)
+                line += f"  {label(overrides) if key != 'mix' else 'MIX'} {score:5.1f}"
+            if not any(key == "rl" for key, _ in phases):
+                entry["rl"].append(float("nan"))
             print(line, flush=True)
     return results
 
@@ -121,11 +126,12 @@ def report(results: dict) -> None:
     for name, r in results.items():
         xe, rl = np.array(r["xe"]), np.array(r["rl"])
         gain = rl - xe
-        adv = np.array(r.get("adv", []))
+        adv, mix = np.array(r.get("adv", [])), np.array(r.get("mix", []))
         print(f"{name:>15} {xe.mean():5.1f} ± {spread(xe):4.1f} "
               f"{r['objective'].upper():>4} {rl.mean():5.1f} ± {spread(rl):4.1f} "
               f"{gain.mean():+6.1f} ± {spread(gain):4.1f}"
-              + (f"   Adv {adv.mean():5.1f} ± {spread(adv):4.1f}" if adv.size else ""))
+              + (f"   Adv {adv.mean():5.1f} ± {spread(adv):4.1f}" if adv.size else "")
+              + (f"   mixed reward {mix.mean():5.1f} ± {spread(mix):4.1f}" if mix.size else ""))
     blocks = ["xe"] + (["rl"] if all(np.isfinite(r["rl"]).all() for r in results.values()) else [])
     for block in blocks:
         print(f"\nordering (test CIDEr, {block.upper()}; margin in units of the larger spread)")
@@ -139,6 +145,11 @@ def report(results: dict) -> None:
         for name, r in results.items():
             margin, units, holds = verdict(np.array(r["rl"]), np.array(r["xe"]), ">")
             print(f"  {name}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
+        for name, r in results.items():
+            if r.get("mix"):
+                margin, units, holds = verdict(np.array(r["mix"]), np.array(r["rl"]), "~")
+                print(f"  mixed reward ~ CIDEr-D reward, {name}: {margin:+.1f} "
+                      f"({units:+.1f} spreads) -> {holds}")
         for name, r in results.items():
             if r.get("adv"):
                 margin, units, holds = verdict(np.array(r["adv"]), np.array(r["xe"]), ">")
