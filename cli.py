@@ -652,13 +652,13 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
         click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
 
 
-@stage_command("cider-cache", code="trainer.cider_cache")
+@stage_command("cider-cache", code="trainer.rewards.cider_cache")
 @click.argument("prepared", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--split", default="train", show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
 def cider_cache_cmd(prepared, split, out):
     """Document frequencies and reference n-grams of a split, once, for CIDEr-D rewards."""
-    from trainer.cider_cache import build_cache
+    from trainer.rewards.cider_cache import build_cache
 
     scorer = build_cache(prepared, split, out)
     click.echo(f"cider-cache: {len(scorer.image_ids)} images, {len(scorer.ref_lengths)} "

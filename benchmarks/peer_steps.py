@@ -107,7 +107,7 @@ class Capstack:
         self.xe = CrossEntropy(CrossEntropyConfig(), setting)
         names = ["<pad>", "<bos>", "<eos>", "<unk>"] + [str(w) for w in range(1, VOCAB - 3)]
         references = {i: [word_strings(c) for c in work.refs[i]] for i in range(IMAGES)}
-        self.scst = SelfCritical(SelfCriticalConfig(cider_cache="", samples=PER_IMAGE,
+        self.scst = SelfCritical(SelfCriticalConfig(reward=None, samples=PER_IMAGE,
                                                     baseline="greedy"), setting,
                                  scorer=CiderD.from_references(references, names))
 

@@ -60,7 +60,7 @@ def main() -> None:
     opt = torch.optim.Adam(model.parameters(), lr=5e-5)
     feats = torch.randn(50, 36, 2048, device=device).abs()
     mask = torch.ones(50, 36, dtype=torch.bool, device=device)
-    rl = SelfCritical(SelfCriticalConfig(cider_cache="", samples=5, baseline="greedy"),
+    rl = SelfCritical(SelfCriticalConfig(reward=None, samples=5, baseline="greedy"),
                       Setting(captions=None, max_len=16, device=device), scorer=scorer)
     batch = TrainBatch(list(range(50)), feats, mask, torch.zeros(250, 18, dtype=torch.long),
                        whole_batch(tokens=250 * 17, captions=250, images=50), seq_per_img=5)

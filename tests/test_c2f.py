@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
-from trainer.cider_cache import build_cache
+from trainer.rewards.cider_cache import build_cache
 from trainer.config import load_experiment
 from trainer.objectives.c2f import c2f_advantages
 from trainer.train import train

@@ -34,7 +34,7 @@ def experiment_file(folder: Path) -> Path:
     return path
 
 
-SCST = ["objective.name=scst", "objective.cider_cache=c.npz"]
+SCST = ["objective.name=scst", "objective.reward={name: cider-d, cache: c.npz}"]
 ADVERSARIAL = ["decoder.name=hacap", "objective.name=adversarial"]
 
 
@@ -112,12 +112,16 @@ def config_classes() -> dict[str, type]:
     found: dict[str, type] = {}
 
     def walk(name: str, cls: type) -> None:
+        if cls in found.values():  # a component may hold its own kind (a mix of rewards)
+            return
         found[name] = cls
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if "registry" in f.metadata:
                 for entry, component in f.metadata["registry"].items():
                     walk(f"{f.name}.{entry}", component.Config)
+                if f.metadata.get("beside"):  # the holder's keys beside (a mix part's weight)
+                    walk(f"{f.name}.beside", f.metadata["beside"])
             elif dataclasses.is_dataclass(hints[f.name]):
                 walk(f.name, hints[f.name])
 

@@ -12,7 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def stages() -> dict:
-    return yaml.safe_load((ROOT / "stages.yaml").read_text())["stages"]
+    """The stages as the engine resolves them (vars and foreach spread), by name."""
+    from cli import stage_commands
+    from pipeline.engine.stagefile import load_stages_file
+
+    return load_stages_file(ROOT / "stages.yaml", stage_commands()).stages
 
 
 def test_every_registered_decoder_has_an_experiment_a_training_and_an_rl_stage():
@@ -20,17 +24,20 @@ def test_every_registered_decoder_has_an_experiment_a_training_and_an_rl_stage()
     for name in DECODERS:
         experiment = yaml.safe_load((ROOT / "configs" / "experiments" / f"{name}.yaml").read_text())
         assert experiment["name"] == name and experiment["decoder"]["name"] == name
-        assert name in s["train"]["foreach"], name
-        assert name in s["rl"]["foreach"], name
+        assert f"train@{name}" in s and f"rl@{name}" in s, name
+        assert s[f"train@{name}"].outs == (f"runs/{name}",)
 
 
-def test_the_tables_stage_reports_every_approach_xe_then_rl_then_adversarial():
+def test_the_tables_stage_reports_every_approach_xe_then_rl_then_the_others():
     s = stages()
     names = list(DECODERS)
+    others = [n.split("@", 1)[1] for n in s if n.startswith("evaluate@")
+              and not any(n == f"evaluate@{a}" or n == f"evaluate@{a}-rl" for a in names)]
     expected = ([f"evals/{n}" for n in names] + [f"evals/{n}-rl" for n in names]
-                + [f"evals/{n}-adv" for n in s["adversarial"]["foreach"]])
-    assert list(s["adversarial"]["foreach"]) == ["hacap"]
-    assert sorted(s["tables"]["deps"]) == sorted(expected)
-    assert sorted(s["evaluate"]["foreach"]) == sorted(e.removeprefix("evals/") for e in expected)
-    reported = s["tables"]["cmd"].split()
-    assert [r for r in reported if r.startswith("evals/")] == s["tables"]["deps"]
+                + [f"evals/{n}" for n in others])
+    assert [n for n in s if n.startswith("adversarial@")] == ["adversarial@hacap"]
+    assert sorted(s["tables"].deps) == sorted(expected)
+    reported = [w for w in s["tables"].argv if w.startswith("evals/")]
+    assert reported == list(s["tables"].deps)
+    for run in others:  # every other evaluated run is trained by a stage of its own
+        assert any(f"runs/{run}" in st.outs for st in s.values()), run

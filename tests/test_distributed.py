@@ -27,7 +27,7 @@ from pipeline.engine.torchrun import without_option
 from pipeline.features.extract.grid import GridSettings, extract_grid
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
-from trainer.cider_cache import build_cache
+from trainer.rewards.cider_cache import build_cache
 from trainer.config import load_experiment
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store

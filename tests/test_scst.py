@@ -11,7 +11,7 @@ import torch
 
 from pipeline.captions.vocab import EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
-from trainer.cider_cache import build_cache
+from trainer.rewards.cider_cache import build_cache
 from trainer.config import load_experiment
 from trainer.decode import sample
 from trainer.objectives.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
@@ -95,7 +95,7 @@ def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
         train(load_experiment(exp, ["objective.name=scst",
                                     f"objective.cider_cache={tmp_path / 'other.npz'}"]),
               tmp_path / "rl", progress=False)
-    with pytest.raises(CapstackError, match="objective.cider_cache: missing key 'cider_cache'"):
+    with pytest.raises(CapstackError, match="objective.reward: missing key 'reward'"):
         load_experiment(exp, ["objective.name=scst"])
 
 
@@ -123,7 +123,7 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
     run = Run(config, tmp_path / "rl")
     run.model.load_state_dict(load_checkpoint(root / "xe" / "best.pt")["model"])
     word = run.captions.vocab.wtoi["red"] if "red" in run.captions.vocab.wtoi else 4
-    rewarding = SelfCriticalConfig(cider_cache="", samples=8, baseline="mean")
+    rewarding = SelfCriticalConfig(reward=None, samples=8, baseline="mean")
     run.objective = run.loss.objective = SelfCritical(rewarding, Setting(run.captions, 8),
                                                       scorer=WordCount(word))
 

@@ -280,8 +280,8 @@ def test_an_old_form_experiment_is_refused_showing_its_new_form(data, tmp_path, 
     assert f"{old}: decoder_config, decoder, train.objective, train.cider_cache" in message
     shown = message.split("Write it as:")[1]
     assert "decoder: {name: show_tell, hidden: 32, embed: 32}" in shown
-    assert "objective: {name: scst, cider_cache: data/cider/train.npz, samples: 3, " \
-           "baseline: mean}" in shown
+    assert "objective:\n  name: scst\n  reward: {name: cider-d, cache: data/cider/train.npz}\n" \
+           "  samples: 3\n  baseline: mean\n" in shown
     new = tmp_path / "new.yaml"
     new.write_text(shown)
     config = load_experiment(new)
@@ -315,8 +315,9 @@ def test_another_objective_name_starts_its_section_afresh(data, tmp_path):
     scst = load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
                                   "objective.baseline=mean"])
     assert scst.objective.name == "scst" and scst.objective.config.baseline == "mean"
-    assert scst.to_dict()["objective"] == {"name": "scst", "cider_cache": "c.npz", "samples": 5,
-                                           "baseline": "mean", "temperature": 1.0}
+    assert scst.to_dict()["objective"] == {"name": "scst",
+                                           "reward": {"name": "cider-d", "cache": "c.npz"},
+                                           "samples": 5, "baseline": "mean", "temperature": 1.0}
     with pytest.raises(CapstackError, match="objective.baseline: expected one of greedy, mean"):
         load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
                                "objective.baseline=max"])

@@ -5,7 +5,7 @@ registered class and whose other keys fill that class's own config dataclass::
 
     name: soft_attention
     decoder: {name: soft_attention, hidden: 512, att_hidden: 512}
-    objective: {name: xe}                  # or {name: scst, samples: 5, baseline: mean, cider_cache: ...}
+    objective: {name: xe}        # or {name: scst, samples: 5, reward: {name: cider-d, cache: ...}}
     data: {captions: data/prepared, features: [data/features/grid.json]}
     train: {epochs: 10, batch_size: 50, lr: 4.0e-4}
     eval: {beam_size: 5}
@@ -15,8 +15,15 @@ opened: types, choices, each component's own checks, and whether the objective
 can train the decoder. ``--set train.epochs=3`` or ``--set objective.baseline=mean``
 overrides one value. Another component's name starts its section afresh (the
 settings of the one it replaces would not fit): ``--set objective.name=scst
---set objective.cider_cache=c.npz`` turns any experiment into SCST. Errors
-read ``FILE: section.key: problem``.
+--set 'objective.reward={name: cider-d, cache: c.npz}'`` turns any experiment into
+SCST. A component's config may hold components of its own (SCST's ``reward``, a
+mix's ``parts``): a field declared with ``component(REGISTRY)`` is read the same
+way wherever it sits, and ``--set objective.reward.name=bleu`` starts that one
+afresh too. Errors read ``FILE: section.key: problem``.
+
+``objective.cider_cache: FILE``, the reward before rewards were components, is
+still read (experiment files, stages' ``--set`` and checkpoints carry it), as
+``objective.reward: {name: cider-d, cache: FILE}``, with a warning.
 
 Every number of a config has a declared :class:`Bound` (``bounded(default, low,
 high)``), checked when the file is read: a whole number lies from ``low`` to
@@ -33,9 +40,10 @@ import math
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 
@@ -44,6 +52,7 @@ from pipeline.core.errors import CapstackError, not_utf8, too_deep
 from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURES,  # noqa: F401
                             MAX_IMAGES, MAX_REGIONS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, Bound,
                             bounded)
+from trainer.components import Component, component
 from trainer.decoders import DECODERS
 from trainer.objectives import OBJECTIVES
 
@@ -99,22 +108,6 @@ class EvalConfig:
     figures: int = bounded(4, 0, MAX_FIGURES)  # attention figures of the first N evaluated images
 
 
-@dataclass
-class Component:
-    """A component picked by ``name`` from a registry, with its own config dataclass filled."""
-
-    name: str
-    config: Any
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, **dataclasses.asdict(self.config)}
-
-
-def component(registry, **kwargs):
-    """A ``Component`` field of the experiment, read from ``registry`` (a mapping with ``name``)."""
-    return field(metadata={"registry": registry}, **kwargs)
-
-
 def _xe() -> Component:
     return Component("xe", OBJECTIVES.get("xe").Config())
 
@@ -158,24 +151,27 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping at the top level")
     refuse_old_form(data, str(path))
+    data = read_old_reward(data, str(path))
     for item in overrides:
         refuse_old_override(item)
-        apply_override(data, item, str(path), COMPONENT_SECTIONS)
+        for each in old_reward_override(item):
+            apply_override(data, each, str(path), ExperimentConfig)
     return experiment_from_dict(data, str(path))
 
 
 def experiment_from_dict(data: dict, where: str) -> ExperimentConfig:
     """A checked experiment from its file form (a checkpoint's ``experiment`` too)."""
-    config = from_dict(ExperimentConfig, data, where)
+    config = from_dict(ExperimentConfig, read_old_reward(data, where), where)
     check_pairing(config, where)
     return config
 
 
-def apply_override(data: dict, item: str, where: str, components=frozenset()) -> None:
+def apply_override(data: dict, item: str, where: str, schema: type | None = None) -> None:
     """``train.epochs=3`` -> data["train"]["epochs"] = yaml value "3" (typed later, strictly).
 
-    ``SECTION.name=OTHER`` for a component section (``components``) replaces the
-    section by ``{name: OTHER}`` when OTHER is not the name it had."""
+    ``A.B.name=OTHER`` where ``A.B`` is a component of ``schema`` (the experiment's
+    ``objective``, SCST's ``objective.reward``) replaces that mapping by ``{name: OTHER}``
+    when OTHER is not the name it had."""
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise CapstackError(f"--set {item!r}: expected SECTION.KEY=VALUE")
@@ -187,10 +183,13 @@ def apply_override(data: dict, item: str, where: str, components=frozenset()) ->
     except (yaml.YAMLError, ValueError) as error:  # ValueError: an int past Python's digits
         raise CapstackError(f"--set {item!r}: the value is not valid YAML "
                             f"({getattr(error, 'problem', None) or error})") from None
-    if len(parents) == 1 and parents[0] in components and last == "name":
-        section = data.get(parents[0])
+    if last == "name" and schema is not None and is_component(schema, data, parents):
+        holder = data
+        for part in parents[:-1]:
+            holder = holder[part]
+        section = holder.get(parents[-1])
         if not isinstance(section, dict) or section.get("name") != parsed:
-            data[parents[0]] = {"name": parsed}
+            holder[parents[-1]] = {"name": parsed}
             return
     node = data
     for part in parents:
@@ -198,6 +197,32 @@ def apply_override(data: dict, item: str, where: str, components=frozenset()) ->
         if not isinstance(node, dict):
             raise CapstackError(f"{where}: --set {key}: {part} is not a section")
     node[last] = parsed
+
+
+def is_component(schema: type, data: dict, path: list[str]) -> bool:
+    """Whether ``path`` (["objective", "reward"]) names a component field of dataclass
+    ``schema``, following the component names ``data`` holds on the way (which objective's
+    config has a ``reward``)."""
+    cls, node = schema, data
+    for k, part in enumerate(path):
+        f = next((f for f in dataclasses.fields(cls) if f.name == part), None) \
+            if dataclasses.is_dataclass(cls) else None
+        if f is None or not isinstance(node, dict):
+            return False
+        node = node.get(part)
+        if "registry" in f.metadata:
+            if k == len(path) - 1:
+                return True
+            registry = f.metadata["registry"]
+            default = f.default_factory().name if f.default_factory is not dataclasses.MISSING \
+                else None
+            name = node.get("name", default) if isinstance(node, dict) else None
+            if not isinstance(name, str) or name not in registry:
+                return False
+            cls = registry.get(name).Config
+        else:
+            cls = typing.get_type_hints(cls)[part]
+    return False
 
 
 def from_dict(cls, data, where: str, prefix: str = ""):
@@ -224,8 +249,15 @@ def from_dict(cls, data, where: str, prefix: str = ""):
 
 def _field_value(f, hint, value, where: str, name: str):
     if "registry" in f.metadata:
+        registry, beside = f.metadata["registry"], f.metadata.get("beside")
+        if typing.get_origin(hint) is list:
+            if not isinstance(value, list):
+                raise CapstackError(f"{where}: {name}: expected a list of {registry.kind} "
+                                    f"mappings, each with its name, got {value!r}")
+            return [component_from_dict(registry, v, where, f"{name}[{k}]", beside=beside)
+                    for k, v in enumerate(value)]
         default = f.default_factory().name if f.default_factory is not dataclasses.MISSING else None
-        return component_from_dict(f.metadata["registry"], value, where, name, default)
+        return component_from_dict(registry, value, where, name, default, beside)
     value = convert(hint, value, where, name)
     if "bound" in f.metadata:
         numbers = enumerate(value) if isinstance(value, list) else [(None, value)]
@@ -237,10 +269,12 @@ def _field_value(f, hint, value, where: str, name: str):
 
 
 def component_from_dict(registry, value, where: str, name: str,
-                        default: str | None = None) -> Component:
+                        default: str | None = None, beside: type | None = None) -> Component:
     """``{name: top_down, hidden: 512}`` -> Component("top_down", TopDownConfig(hidden=512)).
 
-    A mapping without ``name`` is the ``default`` component's, when there is one."""
+    A mapping without ``name`` is the ``default`` component's, when there is one. The keys
+    of ``beside`` (a mix part's ``weight``) fill that dataclass, the others the component's
+    config; a field of that config declared with ``component(...)`` is read in turn."""
     if isinstance(value, dict) and "name" not in value and default is not None:
         value = {"name": default, **value}
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -250,8 +284,16 @@ def component_from_dict(registry, value, where: str, name: str,
         raise CapstackError(f"{where}: {name}.name: unknown {registry.kind} {value['name']!r} "
                             f"(choose {', '.join(registry)})")
     cls = registry.get(value["name"])
-    settings = {k: v for k, v in value.items() if k != "name"}
-    return Component(value["name"], from_dict(cls.Config, settings, where, name + "."))
+    own = {f.name for f in dataclasses.fields(beside)} if beside is not None else set()
+    settings = {k: v for k, v in value.items() if k != "name" and k not in own}
+    known = own | {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(settings) - known)
+    if unknown and own:  # said here, so that the holder's keys are among those listed
+        raise CapstackError(f"{where}: {name}.{unknown[0]}: unknown key {unknown[0]!r} "
+                            f"(known: {', '.join(sorted(known))})")
+    extra = from_dict(beside, {k: v for k, v in value.items() if k in own}, where, name + ".") \
+        if beside is not None else None
+    return Component(value["name"], from_dict(cls.Config, settings, where, name + "."), extra)
 
 
 def convert(hint, value, where: str, field: str):
@@ -309,10 +351,6 @@ def _scalar(hint, value, where: str, field: str):
     raise CapstackError(f"{where}: {field}: expected {hint.__name__}, got {value!r}")
 
 
-COMPONENT_SECTIONS = frozenset(f.name for f in dataclasses.fields(ExperimentConfig)
-                               if "registry" in f.metadata)
-
-
 def check_pairing(config: ExperimentConfig, where: str) -> None:
     """The objective can train the decoder (C2F needs a staged decoder), said before any work."""
     objective = OBJECTIVES.get(config.objective.name)
@@ -348,6 +386,10 @@ def new_form(data: dict) -> dict:
     if moved:
         name = moved.pop("name", "xe")
         known = {f.name for f in dataclasses.fields(OBJECTIVES.get(name).Config)}
+        if "reward" in known and "cider_cache" in moved:  # in its place
+            moved = {("reward" if k == "cider_cache" else k):
+                     ({"name": "cider-d", "cache": v} if k == "cider_cache" else v)
+                     for k, v in moved.items()}
         data["objective"] = {"name": name, **{k: v for k, v in moved.items() if k in known}}
     order = ["name", "decoder", "objective", "data", "train", "eval"]
     return {k: data[k] for k in order if k in data} | {k: v for k, v in data.items()
@@ -371,11 +413,56 @@ def refuse_old_form(data: dict, where: str) -> None:
 def refuse_old_override(item: str) -> None:
     key = item.partition("=")[0]
     section, _, rest = key.partition(".")
+    if section == "train" and rest == "cider_cache":
+        raise CapstackError(f"--set {item}: {key} is objective.reward now (the objective is its "
+                            f"own section, the reward a component of it: --set 'objective.reward="
+                            f"{{name: cider-d, cache: {item.partition('=')[2]}}}')")
     if section == "train" and rest in OLD_TRAIN_KEYS:
         raise CapstackError(f"--set {item}: {key} is objective.{OLD_TRAIN_KEYS[rest]} now (the "
                             f"objective is its own section: --set objective.{OLD_TRAIN_KEYS[rest]}"
-                            f"={item.partition('=')[2]}, or a whole section: "
-                            f"--set 'objective={{name: scst, cider_cache: FILE}}')")
+                            f"={item.partition('=')[2]}, or a whole section: --set 'objective="
+                            f"{{name: scst, reward: {{name: cider-d, cache: FILE}}}}')")
     if section == "decoder_config":
         raise CapstackError(f"--set {item}: decoder_config.{rest} is decoder.{rest} now "
                             f"(--set decoder.{rest}={item.partition('=')[2]})")
+
+
+# ------------------------------------------------------------------------- the reward's old key
+
+OLD_REWARD = ("objective.cider_cache is objective.reward: {name: cider-d, cache: FILE} now "
+              "(read as that; write the reward so)")
+
+
+def warn_old_reward() -> None:
+    """The one warning of the old key: shown once per process (Python's default filter for a
+    FutureWarning of the same text from the same line)."""
+    warnings.warn(OLD_REWARD, FutureWarning)
+
+
+def read_old_reward(data: dict, where: str) -> dict:
+    """``objective.cider_cache: FILE``, from before rewards were components, as
+    ``objective.reward: {name: cider-d, cache: FILE}`` in its place, with a warning: read, not
+    refused, since stages files' ``--set`` and checkpoints in the wild carry it."""
+    objective = data.get("objective")
+    if not isinstance(objective, dict) or "cider_cache" not in objective:
+        return data
+    if "reward" in objective:
+        raise CapstackError(f"{where}: objective.cider_cache: objective.reward names the reward "
+                            f"already; drop cider_cache (the old form of reward: {{name: "
+                            f"cider-d, cache: FILE}})")
+    warn_old_reward()
+    reward = {"name": "cider-d", "cache": objective["cider_cache"]}
+    return {**data, "objective": {("reward" if k == "cider_cache" else k):
+                                  (reward if k == "cider_cache" else v)
+                                  for k, v in objective.items()}}
+
+
+def old_reward_override(item: str) -> list[str]:
+    """``objective.cider_cache=FILE`` as the overrides it means now, with a warning:
+    ``objective.reward.name=cider-d`` (another reward's settings dropped, a cider-d's kept),
+    then ``objective.reward.cache=FILE``. Any other override as it is."""
+    key, _, value = item.partition("=")
+    if key != "objective.cider_cache":
+        return [item]
+    warn_old_reward()
+    return ["objective.reward.name=cider-d", f"objective.reward.cache={value}"]

@@ -1,21 +1,20 @@
 """The decoders, found by name: ``build_decoder("top_down", TopDownConfig(hidden=512), V, D)``.
 
 Each module registers its class with ``@DECODERS.register(name)``; importing
-this package imports them all. Adding a decoder is one new file here plus its
-import below. An experiment's ``decoder: {name: ..., ...}`` is parsed into the
+this package imports every module in it, so adding a decoder is one new file
+here (and its experiment file). An experiment's ``decoder: {name: ..., ...}`` is parsed into the
 decoder's ``Config`` once, when the experiment file is read (trainer/config.py).
 """
 
 from __future__ import annotations
 
-from pipeline.core.registry import Registry
+from pipeline.core.registry import Registry, import_modules
 
 DECODERS = Registry("decoder")
 
-from trainer.decoders import (gru_init, hacap,  # noqa: E402,F401  (each registers itself)
-                              hard_attention, lstm3, show_tell, soft_attention, stack_cap,
-                              stack_cap_star, top_down)
 from trainer.decoders.base import Decoder  # noqa: E402
+
+import_modules(__name__, __path__)  # each registers itself
 
 
 def build_decoder(name: str, config, vocab_size: int, feature_dim: int) -> Decoder:

@@ -91,20 +91,6 @@ def manager_cosines(features: Tensor, goals: Tensor, horizon: int, last: Tensor)
     return _cosine(features, later, t, goals) * valid
 
 
-def intrinsic_rewards(features: Tensor, goals: Tensor, horizon: int, last: Tensor) -> Tensor:
-    """The WORKER's reward for word t (1-based, the f_t it leads to) [N, T]:
-    (1/c) sum_{i=1..c} cos(f_t - f_{t-i}, g_{t-i}) over t-i >= 0 (LeakGAN), 0 after ``<eos>``."""
-    n, steps = goals.shape[:2]
-    t = torch.arange(1, steps + 1, device=goals.device).expand(n, -1)
-    total = goals.new_zeros(n, steps)
-    for i in range(1, horizon + 1):
-        earlier = (t - i).clamp(min=0)
-        cos = _cosine(features, t, earlier, goals.gather(
-            1, earlier[:, :, None].expand(-1, -1, goals.shape[2])))
-        total = total + cos * (t - i >= 0)
-    return total / horizon * (t <= last[:, None])
-
-
 @DECODERS.register("hacap")
 class HACap(Decoder):
     """HACap: an SRU WORKER with soft attention, led by an SRU MANAGER's goals in D's space."""
@@ -263,5 +249,5 @@ class HACap(Decoder):
                 "cosines": manager_cosines(features, goals, self.config.horizon, last)}
 
 
-__all__ = ["HACap", "HACapConfig", "goal_windows", "intrinsic_rewards", "last_positions",
+__all__ = ["HACap", "HACapConfig", "goal_windows", "last_positions",
            "manager_cosines"]

@@ -49,11 +49,12 @@ from pipeline.captions.vocab import BOS_ID
 from trainer.bounds import MAX_SAMPLES, MAX_STEPS, bounded
 from trainer.decode import sample
 from trainer.decoders.base import Decoder, expand_context
-from trainer.decoders.hacap import HACap, intrinsic_rewards, manager_cosines
+from trainer.decoders.hacap import HACap, manager_cosines
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, Setting, StepKey
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
 from trainer.objectives.scst import generated_mask
+from trainer.rewards.intrinsic import intrinsic_rewards
 
 
 @dataclass

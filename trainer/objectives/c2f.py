@@ -11,7 +11,8 @@ learns through the fine stages' theta_{0:i}. ``coarse_term`` adds a plain
 self-critical term for it (off by default).
 
 It needs a staged decoder (stack_cap, stack_cap_star), which the experiment
-file is checked for when it is read: ``objective: {name: c2f, cider_cache: FILE}``.
+file is checked for when it is read: ``objective: {name: c2f, reward: {name: cider-d,
+cache: FILE}}`` (any registered reward, trainer/rewards/).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import torch
 from torch import Tensor
 
 from trainer.bounds import MAX_SAMPLES, bounded
+from trainer.components import Component, component
 from trainer.decode import sample
 from trainer.decoders.base import StagedDecoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, Setting, StepKey
-from trainer.objectives.scst import (cider_reward, generated_mask, greedy_decode, mean_part,
-                                     scst_loss, words_and_lengths)
+from trainer.objectives.scst import (generated_mask, greedy_decode, mean_part, scst_loss,
+                                     words_and_lengths)
+from trainer.rewards import REWARDS, build_reward
 
 
 def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:
@@ -39,7 +42,7 @@ def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarra
 
 @dataclass
 class CoarseToFineConfig:
-    cider_cache: str  # the `capstack cider-cache` file of the train split (the rewards)
+    reward: Component = component(REWARDS)  # e.g. {name: cider-d, cache: data/cider/train.npz}
     samples: int = bounded(5, 1, MAX_SAMPLES)  # sampled captions per image and stage
     coarse_term: bool = False  # add a self-critical term for the coarse stage
 
@@ -56,7 +59,8 @@ class CoarseToFine(Objective):
 
     def __init__(self, config: CoarseToFineConfig, setting: Setting, scorer=None):
         super().__init__(config, setting)
-        self.scorer = scorer or cider_reward(config.cider_cache, setting.captions)
+        self.scorer = scorer or build_reward(config.reward.name, config.reward.config,
+                                             setting.captions)
 
     def loss(self, decoder: StagedDecoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()

@@ -2,14 +2,16 @@
 
     grad L(theta) ~ -(r(w^s) - b) grad log p(w^s)
 
-with ``w^s`` multinomial samples of the current model, ``r`` CIDEr-D against
-the cached training references, and the baseline ``b`` either the reward of the
-model's own greedy decode (``baseline="greedy"``) or, with several samples per
-image, the mean reward of the image's *other* samples (``"mean"``; the greedy
-decode is then skipped). It is ``decode.sample`` + ``rewards.cider`` + this loss.
+with ``w^s`` multinomial samples of the current model, ``r`` the reward (a
+registered one, trainer/rewards/: CIDEr-D against the cached training
+references, BLEU, ROUGE-L, METEOR or a weighted mix), and the baseline ``b``
+either the reward of the model's own greedy decode (``baseline="greedy"``) or,
+with several samples per image, the mean reward of the image's *other* samples
+(``"mean"``; the greedy decode is then skipped). It is ``decode.sample`` + a
+reward + this loss.
 
-An experiment asks for it with ``objective: {name: scst, cider_cache: FILE,
-samples: 5, baseline: greedy}``, usually after cross-entropy
+An experiment asks for it with ``objective: {name: scst, reward: {name: cider-d,
+cache: FILE}, samples: 5, baseline: greedy}``, usually after cross-entropy
 (``train.init_from``).
 """
 
@@ -24,14 +26,14 @@ import torch
 from torch import Tensor
 
 from pipeline.captions.vocab import EOS_ID
-from pipeline.core.errors import CapstackError
 from trainer.batch import Share
 from trainer.bounds import MAX_SAMPLES, bounded
+from trainer.components import Component, component
 from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, Setting, StepKey
-from trainer.rewards.cider import CiderD
+from trainer.rewards import REWARDS, Reward, build_reward
 
 
 def words_and_lengths(tokens: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -74,20 +76,6 @@ def mean_part(values: np.ndarray, per_image: int, share: Share | None) -> float:
     return float(values.sum()) * share.weight / (share.images * per_image)
 
 
-def cider_reward(path: str, captions) -> CiderD:
-    """The cached CIDEr-D references of ``path``, refused when made from other data than the
-    prepared ``captions`` trained on (another vocabulary, or a train split it lacks)."""
-    scorer = CiderD.load(path)
-    if scorer.vocab_digest() != captions.vocab.digest():
-        raise CapstackError(f"{path}: built with another vocabulary than {captions.folder} "
-                            f"(rebuild it: capstack cider-cache)")
-    lacking = np.setdiff1d(captions.image_ids[captions.rows("train")], scorer.image_ids)
-    if len(lacking):
-        raise CapstackError(f"{path}: has no references for image {lacking[0]} of "
-                            f"{captions.folder}'s train split (another dataset?)")
-    return scorer
-
-
 def greedy_decode(decoder: Decoder, feats: Tensor, mask: Tensor, max_len: int) -> Tensor:
     """The decoder's greedy captions [B, T], in evaluation mode (no dropout), without gradients."""
     with torch.no_grad():
@@ -100,7 +88,7 @@ def greedy_decode(decoder: Decoder, feats: Tensor, mask: Tensor, max_len: int) -
 
 @dataclass
 class SelfCriticalConfig:
-    cider_cache: str  # the `capstack cider-cache` file of the train split (the rewards)
+    reward: Component = component(REWARDS)  # e.g. {name: cider-d, cache: data/cider/train.npz}
     samples: int = bounded(5, 1, MAX_SAMPLES)  # sampled captions per image
     baseline: Literal["greedy", "mean"] = "greedy"  # mean: of the image's other samples
     temperature: float = bounded(1.0, above=0)
@@ -118,9 +106,13 @@ class SelfCritical(Objective):
     label = "SCST"
     family = "reinforcement"
 
-    def __init__(self, config: SelfCriticalConfig, setting: Setting, scorer: CiderD | None = None):
+    def __init__(self, config: SelfCriticalConfig, setting: Setting,
+                 scorer: Reward | None = None):
+        """``scorer``: a reward to use rather than building ``config.reward`` (tests,
+        benchmarks)."""
         super().__init__(config, setting)
-        self.scorer = scorer or cider_reward(config.cider_cache, setting.captions)
+        self.scorer = scorer or build_reward(config.reward.name, config.reward.config,
+                                             setting.captions)
 
     def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()

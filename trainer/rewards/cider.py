@@ -17,6 +17,10 @@ N-grams are int64 keys: ``sum_j w_j * BASE**j`` times 4 plus the order - 1,
 with ``BASE`` a power of two above the number of distinct words (at most
 2**15). Reference words outside the captioning vocabulary get ids of their own
 above it, so they never match a candidate word (``<unk>`` included).
+
+The ``cider-d`` reward (:class:`CiderDReward`, ``reward: {name: cider-d, cache:
+FILE}``) scores with the cache the ``cider_df`` stage wrote (trainer/rewards/
+cider_cache.py), refused when made from other data than the run trains on.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 from pipeline.captions.vocab import digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
+from trainer.rewards import REWARDS
+from trainer.rewards.base import Reward
 
 MAX_N = 4
 SIGMA = 6.0
@@ -214,3 +220,36 @@ def _padded(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     for k, t in enumerate(token_lists):
         tokens[k, :len(t)] = t
     return tokens, lengths
+
+
+def cider_reward(path: str, captions) -> CiderD:
+    """The cached CIDEr-D references of ``path``, refused when made from other data than the
+    prepared ``captions`` trained on (another vocabulary, or a train split it lacks)."""
+    scorer = CiderD.load(path)
+    if scorer.vocab_digest() != captions.vocab.digest():
+        raise CapstackError(f"{path}: built with another vocabulary than {captions.folder} "
+                            f"(rebuild it: capstack cider-cache)")
+    lacking = np.setdiff1d(captions.image_ids[captions.rows("train")], scorer.image_ids)
+    if len(lacking):
+        raise CapstackError(f"{path}: has no references for image {lacking[0]} of "
+                            f"{captions.folder}'s train split (another dataset?)")
+    return scorer
+
+
+@dataclass
+class CiderDConfig:
+    cache: str  # the `capstack cider-cache` file of the train split (the cider_df stage)
+
+
+@REWARDS.register("cider-d")
+class CiderDReward(Reward):
+    """CIDEr-D (coco-caption's) against the train references cached by `capstack cider-cache`."""
+
+    Config = CiderDConfig
+
+    def __init__(self, config: CiderDConfig, captions):
+        super().__init__(config, captions)
+        self.scorer = cider_reward(config.cache, captions)
+
+    def score(self, image_ids, tokens, lengths) -> np.ndarray:
+        return self.scorer.score(image_ids, tokens, lengths)
