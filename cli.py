@@ -6,6 +6,7 @@ them, so ``capstack stages`` and a skipped ``capstack run`` start fast.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import signal
@@ -37,6 +38,53 @@ class FiniteRange(click.FloatRange):
             self.fail(f"{number} is not a finite number in the range {self._describe_range()}.",
                       param, ctx)
         return number
+
+
+class NamesOf(click.Choice):
+    """click.Choice of the names the code keeps in one place (``"module:NAME"``: a list, a
+    dict, a registry, or a function returning one), read when first needed, so that no name
+    is typed again here and a command that does not use it imports nothing for it."""
+
+    def __init__(self, source: str):
+        self.source, self._names = source, None
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._names is None:
+            module, _, name = self.source.partition(":")
+            names = getattr(importlib.import_module(module), name)
+            self._names = tuple(names() if callable(names) else names)
+        return self._names
+
+    @choices.setter
+    def choices(self, value) -> None:  # click.Choice.__init__ sets them; the source decides
+        pass
+
+
+STORE_FORMATS = NamesOf("pipeline.features.stores:FORMATS")
+FEATURE_DTYPES = NamesOf("pipeline.features.stores.schema:FEATURE_DTYPES")
+
+
+class KindsOption(click.Option):
+    """``--arch``: its help lists the registered kinds, each with its description (read when
+    help is shown, from the registry)."""
+
+    def get_help_record(self, ctx):
+        from pipeline.features.extract import EXTRACTORS
+
+        self.help = self.help.split(" Kinds: ")[0] + " Kinds: " + "; ".join(
+            f"{name}: {' '.join((EXTRACTORS.get(name).__doc__ or '').split())}"
+            for name in self.type.choices) + "."
+        return super().get_help_record(ctx)
+
+
+def given_options(options: dict) -> dict:
+    """The options among ``options`` that the command line (or the environment) gave; the
+    others are left to the defaults of the dataclass they fill."""
+    ctx = click.get_current_context()
+    return {name: value for name, value in options.items()
+            if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
 
 
 class Terminated(Stopped):
@@ -200,12 +248,11 @@ def _store_options(func):
         click.option("--features-root", type=click.Path(file_okay=False, path_type=Path),
                      default=None, help="Shared root [$CAPSTACK_FEATURES or "
                                         "~/.cache/capstack/features]."),
-        click.option("--format", "fmt", type=click.Choice(["lmdb", "hdf5"]), default=None,
+        click.option("--format", "fmt", type=STORE_FORMATS, default=None,
                      help="Store backend when the path's suffix does not say [lmdb]."),
         click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Also write a small json naming the store (a stage's out)."),
-        click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
-                     show_default=True),
+        click.option("--dtype", type=FEATURE_DTYPES, default="float16", show_default=True),
         click.option("--batch", "batch_size", default=16, show_default=True,
                      type=click.IntRange(1, MAX_BATCH)),
         click.option("--workers", default=2, show_default=True, help="Image decoding processes.",
@@ -245,20 +292,19 @@ def _report_job(result) -> None:
 @click.option("--image-size", default=448, show_default=True, type=click.IntRange(32, MAX_SIDE))
 @click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.",
               type=click.IntRange(1, 64))
-@click.option("--layer", type=click.Choice(["layer3", "layer4"]), default="layer4",
-              show_default=True,
+@click.option("--layer", type=NamesOf("pipeline.vision.backbones:GRID_LAYERS"),
+              default="layer4", show_default=True,
               help="The ResNet stage whose map is pooled: layer4 (stride 32; Stack-Cap's 14x14x2048 "
                    "at 448) or layer3 (stride 16; 14x14x1024 at 224, Show-Attend-Tell's grid "
                    "and HACap's input).")
 @_store_options
-def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, grid, layer, out,
-                     features_root, fmt, pointer, dtype, batch_size, workers, device,
-                     images_outside_root, nproc):
+def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer, batch_size,
+                     workers, device, images_outside_root, nproc, **options):
     """ResNet grid features (a stage's map, layer4 or layer3, pooled to GRID x GRID) into a store."""
     hand_over_to_torchrun(nproc)
-    from pipeline.features.extract.grid import GridSettings, extract_grid
+    from pipeline.features.extract.grid import GRID, extract_grid
 
-    settings = GridSettings(backbone, weights, image_size, grid, dtype, layer)
+    settings = GRID.settings(**given_options(options))  # backbone, weights, ..., layer, dtype
     _report_job(extract_grid(dataset_json, image_root, settings, out=out, root=features_root,
                              format=fmt, pointer=pointer, batch_size=batch_size,
                              workers=workers, device=device,
@@ -268,23 +314,19 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 @stage_command("extract-regions", code="pipeline.features.extract.region_extraction")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--arch", type=click.Choice(["bottom-up", "fpn", "c4", "c5"]), default="fpn",
-              show_default=True,
-              help="bottom-up: the Visual Genome bottom-up detector (Caffe ResNet C4 with "
-                   "attributes; --weights a VG checkpoint in MILVLG's or airsplay's naming, or "
-                   "one `capstack train-detector` wrote); fpn: torchvision's "
-                   "fasterrcnn_resnet50_fpn (1024-d box head); c4: RoIAlign 14x14 on a "
-                   "torchvision ResNet's layer3, then layer4, mean-pooled; c5: RoIAlign 7x7 on "
-                   "layer4, mean-pooled.")
+@click.option("--arch", type=NamesOf("pipeline.features.extract.region_extraction:archs"),
+              default="fpn", show_default=True, cls=KindsOption,
+              help="The region extractor kind (each has its own settings below).")
 @click.option("--backbone", default="resnet50", show_default=True,
               help="fpn/c4/c5 only (bottom-up: the checkpoint's).")
 @click.option("--weights", default=None,
               help="bottom-up: its checkpoint (.pth, .pkl, .bin). Others: a detector (or, for "
                    "c4/c5, ResNet) state_dict, or 'random' [torchvision's cache].")
-@click.option("--weights-kind", type=click.Choice(["auto", "detector", "backbone"]),
-              default="auto", show_default=True)
-@click.option("--boxes", type=click.Choice(["detect", "given"]), default="detect",
-              show_default=True, help="given: pool the boxes of the dataset json's 'boxes'.")
+@click.option("--weights-kind", type=NamesOf("pipeline.features.extract.regions:WEIGHT_KINDS"),
+              default="auto", show_default=True, help="fpn/c4/c5 only.")
+@click.option("--boxes", type=NamesOf("pipeline.features.extract.region_extraction:BOXES"),
+              default="detect", show_default=True,
+              help="given: pool the boxes of the dataset json's 'boxes'.")
 @click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(1, MAX_BOXES))
 @click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1, MAX_BOXES))
 @click.option("--conf-thresh", default=0.2, show_default=True, type=FiniteRange(0, 1))
@@ -302,18 +344,14 @@ def extract_grid_cmd(dataset_json, image_root, backbone, weights, image_size, gr
 @click.option("--attributes-vocab", default=None, type=click.Path(dir_okay=False),
               help="bottom-up: attributes_vocab.txt, so the store names each attribute.")
 @_store_options
-def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weights_kind, boxes,
-                        min_boxes, max_boxes, conf_thresh, nms_thresh, min_size, max_size,
-                        num_classes, top_attributes, objects_vocab, attributes_vocab, out,
-                        features_root, fmt, pointer, dtype, batch_size, workers, device,
-                        images_outside_root, nproc):
+def extract_regions_cmd(dataset_json, image_root, arch, out, features_root, fmt, pointer,
+                        batch_size, workers, device, images_outside_root, nproc, **options):
     """Bottom-up region features (the VG detector, or torchvision's Faster R-CNN) into a store."""
     hand_over_to_torchrun(nproc)
-    from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
+    from pipeline.features.extract.region_extraction import extract_regions, region_settings
 
-    settings = RegionSettings(arch, backbone, weights, weights_kind, boxes, min_boxes, max_boxes,
-                              conf_thresh, nms_thresh, min_size, max_size, num_classes, dtype,
-                              top_attributes, objects_vocab, attributes_vocab)
+    # the kind's own settings: those given; an option of another kind is refused
+    settings = region_settings(arch, **given_options(options))
     _report_job(extract_regions(dataset_json, image_root, settings, out=out, root=features_root,
                                 format=fmt, pointer=pointer, batch_size=batch_size,
                                 workers=workers, device=device,
@@ -331,7 +369,7 @@ def extract_regions_cmd(dataset_json, image_root, arch, backbone, weights, weigh
                    "root, and reused when it exists.")
 @click.option("--features-root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Shared root [$CAPSTACK_FEATURES or ~/.cache/capstack/features].")
-@click.option("--store-format", type=click.Choice(["lmdb", "hdf5"]), default=None,
+@click.option("--store-format", type=STORE_FORMATS, default=None,
               help="Store backend when --out's suffix does not say [lmdb].")
 @click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a small json naming the store (a stage's out).")
@@ -381,16 +419,17 @@ def _key_values(pairs, option: str) -> dict[str, str]:
 
 @main.command("export-features")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.argument("layout", type=click.Choice(["butd-tsv", "rtl-npz"]))
+@click.argument("layout", type=NamesOf("pipeline.features.interchange.exporter:WRITERS"))
 @click.argument("out", type=click.Path(path_type=Path))
 def export_features_cmd(store, layout, out):
     """Write STORE (or a pointer .json) in another toolkit's LAYOUT at OUT (a TSV file for
     butd-tsv; OUT_att, OUT_fc, OUT_box folders for rtl-npz)."""
+    from pipeline.core.pointer import read_pointer
     from pipeline.features.interchange.exporter import export_features
-    from pipeline.features.stores.pointer import read_pointer
 
-    made = export_features(read_pointer(store), layout, out)
-    click.echo(f"export-features: {read_pointer(store)} -> {', '.join(map(str, made))}")
+    path = read_pointer(store)
+    made = export_features(path, layout, out)
+    click.echo(f"export-features: {path} -> {', '.join(map(str, made))}")
 
 
 @main.command("formats")
@@ -580,7 +619,7 @@ def runs_cmd(workdir, as_json):
               help="Score TARGET as a COCO results file against these references.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where results, metrics.json and figures go [RUN/eval].")
-@click.option("--split", type=click.Choice(["train", "val", "test"]), default=None,
+@click.option("--split", type=NamesOf("trainer.config:SPLITS"), default=None,
               help="[the experiment's eval.split]")
 @click.option("--beam", "beam_size", type=click.IntRange(1, 100), default=None,
               help="Beam size [the experiment's eval.beam_size].")
@@ -681,14 +720,13 @@ def report_cmd(metrics, out_dir):
 
 @main.command("inspect")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["lmdb", "hdf5"]), default=None)
+@click.option("--format", "fmt", type=STORE_FORMATS, default=None)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect_cmd(store, fmt, as_json):
     """A store's metadata and one record's shapes (STORE may be a pointer .json)."""
     from pipeline.features.stores import open_store
-    from pipeline.features.stores.pointer import read_pointer
 
-    reader = open_store(read_pointer(store), fmt)
+    reader = open_store(store, fmt)  # a pointer .json is followed there
     sample = reader.get(int(reader.ids()[0])) if len(reader) else None
     shapes = {} if sample is None else {name: list(a.shape) for name, a in sample.fields.items()}
     if as_json:
@@ -725,8 +763,8 @@ def inspect_cmd(store, fmt, as_json):
 def verify_cmd(store, dataset_json, deep):
     """Check that STORE holds a record for every image of the dataset (and, with --deep, that
     every record reads and holds finite values)."""
+    from pipeline.core.pointer import read_pointer
     from pipeline.features.catalog import check_every_record, verify_store
-    from pipeline.features.stores.pointer import read_pointer
 
     path = read_pointer(store)
     result = verify_store(path, dataset_json)

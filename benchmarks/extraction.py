@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from pipeline.core.ranks import pick_device  # noqa: E402
-from pipeline.features.extract.backbones import (load_resnet, resnet_body,  # noqa: E402
+from pipeline.vision.backbones import (load_resnet, resnet_body,  # noqa: E402
                                                  resolve_weights)
 from pipeline.features.extract.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
 from pipeline.features.extract.runner import autocast  # noqa: E402
@@ -117,7 +117,7 @@ def vg_phases(extractor, images: list[torch.Tensor], device) -> dict[str, float]
 def vg_benchmark(args, device) -> None:
     from benchmarks.vg_checkpoints import random_vg_detector, write
 
-    from pipeline.features.extract.images import DetectorTransform, load_rgb
+    from pipeline.vision.images import DetectorTransform, load_rgb
     from pipeline.features.extract.region_extraction import (RegionSettings, build_extractor,
                                                              extract_regions)
 

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from pipeline.features.extract.backbones import build_resnet
 from pipeline.features.extract.grid import GridSettings, extract_grid
 from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
+from pipeline.vision.backbones import build_resnet
 from trainer.config import load_experiment
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import train

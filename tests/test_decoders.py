@@ -64,7 +64,7 @@ def test_each_decoder_overfits_a_handful_of_captions(handful, name):
     model = make_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0}, vocab_size, 16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     targets = captions[:, 1:]
-    for _ in range(400):  # stops as soon as the captions are learnt
+    for _ in range(600):  # stops as soon as the captions are learnt (lstm3 needs ~450 steps)
         out = teacher_forced(model, feats, mask, captions)
         loss = mean_xe(out.logits, targets)
         if loss.item() < 0.01:

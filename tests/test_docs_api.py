@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.captions.prepared import load_captions
-from pipeline.features.stores.pointer import write_pointer
+from pipeline.core.pointer import write_pointer
 from trainer.config import load_experiment
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_feature_store

@@ -55,8 +55,8 @@ def test_layer3_pools_the_stride_16_map(shapes, tmp_path):
     """Show-Attend-Tell's grid from a ResNet: layer3, 4x4 at 64 px here (14x14 at 224)."""
     import torch
 
-    from pipeline.features.extract.backbones import load_resnet, resnet_body, resolve_weights
-    from pipeline.features.extract.images import grid_transform, load_rgb
+    from pipeline.vision.backbones import load_resnet, resnet_body, resolve_weights
+    from pipeline.vision.images import grid_transform, load_rgb
 
     settings = GridSettings("resnet18", "random", 64, grid=2, dtype="float32", layer="layer3")
     store = open_store(extract(shapes, tmp_path, settings).store)

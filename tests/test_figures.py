@@ -216,7 +216,7 @@ def test_attention_is_drawn_on_the_image_as_the_extractor_saw_it(tmp_path, monke
     every image panel and heat map is the rotated 64 x 48."""
     from matplotlib.axes import Axes
 
-    from pipeline.features.extract.images import load_rgb
+    from pipeline.vision.images import load_rgb
     from trainer.evaluation.figures import figure_image, stages_figure
 
     exif = Image.Exif()

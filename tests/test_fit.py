@@ -19,7 +19,7 @@ import torch
 from pipeline.captions.prepare import prepare_captions
 from pipeline.captions.prepared import CHECKSUMS, load_captions
 from pipeline.core.errors import CapstackError
-from pipeline.features.extract.backbones import Weights, build_resnet, load_resnet
+from pipeline.vision.backbones import Weights, build_resnet, load_resnet
 from trainer.checkpoint import FORMAT, load_checkpoint
 
 CAPSTACK = str(Path(sys.executable).with_name("capstack"))  # the installed entry point

@@ -1,4 +1,4 @@
-"""pipeline.features.extract.images: decoding every PIL mode to RGB, skipping bad files, DataLoader use."""
+"""pipeline.vision.images: decoding every PIL mode to RGB, skipping bad files, DataLoader use."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from pipeline.captions.karpathy import load_karpathy
-from pipeline.features.extract.images import (IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, ImageDataset,
-                                              ImageSkipped, collate_images, detector_transform,
-                                              grid_transform, karpathy_items, load_rgb,
-                                              stack_images)
+from pipeline.vision.images import (IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, ImageDataset,
+                                    ImageSkipped, collate_images, detector_transform,
+                                    grid_transform, karpathy_items, load_rgb, stack_images)
 
 
 def pixels(image: Image.Image) -> np.ndarray:

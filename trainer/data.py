@@ -26,7 +26,6 @@ from pipeline.core.tokens import EOS_ID as EOS
 from pipeline.core.tokens import PAD_ID as PAD
 from pipeline.features.stores import Batch, Record, open_store
 from pipeline.features.stores.buffer import BatchBuffer
-from pipeline.features.stores.pointer import read_pointer
 from trainer.batch import EvalBatch, Share, TrainBatch
 
 log = logging.getLogger(__name__)
@@ -52,8 +51,8 @@ class Features:
 
     def __init__(self, paths: Sequence[str | Path], max_regions: int = 0,
                  box_geometry: bool = False):
-        self.paths = [read_pointer(p) for p in paths]
-        self.stores = [open_store(p) for p in self.paths]
+        self.stores = [open_store(p) for p in paths]  # a pointer .json is followed there
+        self.paths = [s.path for s in self.stores]
         self.max_regions = max_regions
         self.box_geometry = box_geometry
         if box_geometry and not all(s.schema.has("boxes") for s in self.stores):

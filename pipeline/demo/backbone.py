@@ -23,8 +23,8 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
-from pipeline.features.extract.backbones import build_resnet
-from pipeline.features.extract.images import ImageSkipped, grid_transform, load_rgb
+from pipeline.vision.backbones import build_resnet
+from pipeline.vision.images import ImageSkipped, grid_transform, load_rgb
 
 
 @dataclass

@@ -40,10 +40,10 @@ from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.entry import capstack_command
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
+from pipeline.core.pointer import target_of
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import code_files, project_root
 from pipeline.engine.stagefile import Stage, StagesFile
-from pipeline.features.stores.pointer import target_of
 
 UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
 LOCK_SCHEMA = 1

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
+from pipeline.core.pointer import write_pointer
 from pipeline.features.stores import open_store, store_format
-from pipeline.features.stores.pointer import write_pointer
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
 

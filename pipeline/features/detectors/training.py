@@ -26,7 +26,7 @@ from pipeline.features.detectors.caffe_resnet import ResNetShape
 from pipeline.features.detectors.checkpoints import save_capstack
 from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig
 from pipeline.features.detectors.rpn import ProposalSettings, per_anchor
-from pipeline.features.extract.images import ImageSkipped, load_rgb, pil_to_uint8
+from pipeline.vision.images import ImageSkipped, load_rgb, pil_to_uint8
 
 
 @dataclass

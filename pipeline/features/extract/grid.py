@@ -6,6 +6,9 @@ Show-Attend-Tell's 14 x 14 x 512 VGG conv5 grid at 224 has its nearest ResNet
 counterpart in layer3 (stride 16: 14 x 14 x 1024 at 224), HACap's input too.
 The layer, its map size at the image size and the pooled grid are part of the
 store's settings (so of its fingerprint).
+
+The kind ``grid`` (:class:`Grid`, settings :class:`GridSettings`), run by
+``capstack extract-grid``.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.core.ranks import pick_device
-from pipeline.features.extract.backbones import (build_resnet, feature_channels, layer_map_size,
-                                                 load_resnet, resnet_body, resolve_weights)
-from pipeline.features.extract.images import grid_transform, stack_images
-from pipeline.features.extract.job import ExtractionJob, JobResult, run_job
-from pipeline.features.extract.runner import autocast
+from pipeline.features.extract import EXTRACTORS
+from pipeline.features.extract.job import Extraction, JobResult, extract
+from pipeline.features.extract.kind import ExtractorKind
+from pipeline.features.extract.runner import BatchModel, autocast
 from pipeline.features.stores import Record, Schema, field
+from pipeline.vision.backbones import (Weights, build_resnet, feature_channels, layer_map_size,
+                                       load_resnet, resnet_body, resolve_weights)
+from pipeline.vision.images import grid_transform, stack_images
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
 
@@ -65,36 +69,46 @@ def batch_model(extractor: GridExtractor, device: torch.device):
     return run
 
 
-def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *,
-                 out: Path | None = None, root: Path | None = None, format: str | None = None,
-                 pointer: Path | None = None, batch_size: int = 16, workers: int = 2,
-                 device: str | None = None, progress: bool = True,
-                 images_outside_root: bool = False) -> JobResult:
-    weights = resolve_weights(settings.backbone, settings.weights)
-    dev = pick_device(device)
-    channels = feature_channels(build_resnet(settings.backbone), settings.layer)
-    map_size = layer_map_size(settings.image_size, settings.layer)
+class Grid(ExtractorKind):
+    """ResNet grid features: a stage's map (layer4 or layer3), pooled to grid x grid cells."""
 
-    def make_model():
-        model = load_resnet(settings.backbone, weights)
-        extractor = GridExtractor(resnet_body(model, settings.layer), settings.grid).eval().to(dev)
-        if dev.type == "cuda":
+    command = "extract-grid"
+    Settings = GridSettings
+
+    def prepare(self, s: GridSettings, dataset_json: Path, device: torch.device) -> Extraction:
+        weights = resolve_weights(s.backbone, s.weights)
+        channels = feature_channels(build_resnet(s.backbone), s.layer)
+        map_size = layer_map_size(s.image_size, s.layer)
+        return Extraction(
+            kind="grid", backbone=s.backbone, dtype=s.dtype,
+            schema=Schema((field("features", (channels,), s.dtype),), grid=s.grid),
+            settings={"extractor": self.command, "features_version": FEATURES_VERSION,
+                      "weights_md5": weights.md5, "image_size": s.image_size,
+                      "layer": s.layer, "layer_map": map_size, "grid": s.grid,
+                      "feature_dim": channels},
+            describe={"weights": weights.path,
+                      "layer": f"{s.layer} ({map_size}x{map_size} at {s.image_size} px), "
+                               f"adaptive average pool to {s.grid}x{s.grid}"},
+            make_model=lambda: self.model(s, weights, device),
+            transform=grid_transform(s.image_size), pin_memory=device.type == "cuda")
+
+    def model(self, s: GridSettings, weights: Weights, device: torch.device) -> BatchModel:
+        model = load_resnet(s.backbone, weights)
+        extractor = GridExtractor(resnet_body(model, s.layer), s.grid).eval().to(device)
+        if device.type == "cuda":
             extractor = extractor.to(memory_format=torch.channels_last)
-        return batch_model(extractor, dev)
+        return batch_model(extractor, device)
 
-    job = ExtractionJob(
-        kind="grid", backbone=settings.backbone, dataset_json=Path(dataset_json),
-        image_root=Path(image_root), dtype=settings.dtype, out=out, root=root, format=format,
-        images_outside_root=images_outside_root,
-        schema=Schema((field("features", (channels,), settings.dtype),), grid=settings.grid),
-        settings={"extractor": "extract-grid", "features_version": FEATURES_VERSION,
-                  "weights_md5": weights.md5, "image_size": settings.image_size,
-                  "layer": settings.layer, "layer_map": map_size, "grid": settings.grid,
-                  "feature_dim": channels},
-        describe={"weights": weights.path,
-                  "layer": f"{settings.layer} ({map_size}x{map_size} at {settings.image_size} "
-                           f"px), adaptive average pool to {settings.grid}x{settings.grid}"},
-    )
-    return run_job(job, make_model, grid_transform(settings.image_size), batch_size=batch_size,
-                   workers=workers, pointer=pointer, progress=progress,
-                   pin_memory=dev.type == "cuda")
+    def rebuild(self, s: GridSettings, weights_md5: str, where: str, device: torch.device):
+        return self.model(s, Weights(s.weights, weights_md5), device), grid_transform(s.image_size)
+
+
+GRID = EXTRACTORS.register("grid")(Grid("grid"))
+
+
+def extract_grid(dataset_json: Path, image_root: Path, settings: GridSettings, *,
+                 batch_size: int = 16, **options) -> JobResult:
+    """``capstack extract-grid``: :func:`~pipeline.features.extract.job.extract` with the grid
+    kind's settings (``options``: out, root, format, pointer, workers, device, progress,
+    images_outside_root)."""
+    return extract(dataset_json, image_root, settings, batch_size=batch_size, **options)

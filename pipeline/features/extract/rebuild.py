@@ -1,11 +1,12 @@
 """Run again, on new image files, the extractor that made a store (what `capstack caption` needs).
 
-A store's metadata records its producer: the extractor's name, the settings
-its fingerprint covers (backbone, weights md5, image size, grid or box settings)
-and the weights file. From those this module rebuilds the same extractor,
-refusing with the reason when it cannot: the weights file is gone or has
-changed, or the store's regions were the dataset's own boxes (``--boxes
-given``), which new images do not have.
+A store's metadata records its producer: the command's name, the settings
+its fingerprint covers (backbone, arch, weights md5, image size, grid or box
+settings) and the weights file. The kind that made it (``maker_of``) fills its
+settings dataclass from those (a setting an older store lacks keeps the
+dataclass default) and rebuilds the same extractor, refusing with the reason
+when it cannot: the weights file is gone or has changed, or the store's regions
+were the dataset's own boxes (``--boxes given``), which new images do not have.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ import torch
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
-from pipeline.features.extract import grid as grid_module
-from pipeline.features.extract import region_extraction
-from pipeline.features.extract.backbones import RANDOM, Weights, load_resnet, resnet_body
-from pipeline.features.extract.images import (ImageDataset, collate_images, detector_transform,
-                                              grid_transform)
+from pipeline.features.extract import EXTRACTORS, maker_of
 from pipeline.features.stores import Record
+from pipeline.vision.backbones import RANDOM
+from pipeline.vision.images import ImageDataset, collate_images
 
 Extract = Callable[[Sequence[Path]], list[Record]]
 
@@ -43,19 +42,23 @@ def checked_weights(producer: dict, where: str) -> str:
 
 
 def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
-    """``extract(paths) -> records``, as the store at ``where`` was made (its ``producer``)."""
+    """``extract(paths) -> records``, as the store at ``where`` was made (its ``producer``):
+    the kind that made it, its settings dataclass filled from the recorded settings."""
     producer = meta["producer"]
-    rebuild = REBUILDERS.get(producer["name"])
     if producer["name"] == "import-features":
         raise CapstackError(
             f"{where}: its features were imported from {producer['settings']['format']} files, "
             f"and no extractor that capstack can run made them, so new images cannot get such "
             f"features: caption with a checkpoint trained on features capstack extracted")
-    if rebuild is None:
+    kind = maker_of(producer)
+    if kind is None:
+        commands = sorted({k.command for _, k in EXTRACTORS.items()})
         raise CapstackError(f"{where}: its features were made by {producer['name']!r}, which "
                             f"capstack cannot run on new images (it reruns "
-                            f"{', '.join(sorted(REBUILDERS))})")
-    run, transform = rebuild(producer, checked_weights(producer, where), where, device)
+                            f"{', '.join(commands)})")
+    recorded = producer["settings"]
+    settings = kind.recorded(recorded, weights=checked_weights(producer, where))
+    run, transform = kind.rebuild(settings, recorded["weights_md5"], where, device)
 
     def extract(paths: Sequence[Path]) -> list[Record]:
         dataset = ImageDataset(list(enumerate(paths)), transform)
@@ -66,33 +69,3 @@ def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
         return run(batch)
 
     return extract
-
-
-def _grid(producer: dict, weights: str, where: str, device: torch.device):
-    s = producer["settings"]
-    model = load_resnet(s["backbone"], Weights(weights, s["weights_md5"]))
-    extractor = grid_module.GridExtractor(resnet_body(model, s.get("layer", "layer4")),
-                                          int(s["grid"]))
-    return (grid_module.batch_model(extractor.eval().to(device), device),
-            grid_transform(int(s["image_size"])))
-
-
-def _regions(producer: dict, weights: str, where: str, device: torch.device):
-    s = producer["settings"]
-    if s.get("boxes") == "given":
-        raise CapstackError(f"{where}: its regions are the dataset's own boxes (--boxes given), "
-                            f"and new images have none: caption with a checkpoint trained on grid "
-                            f"features or detected regions")
-    settings = region_extraction.RegionSettings(
-        arch=s["arch"], backbone=s["backbone"], weights=weights,
-        weights_kind=s.get("weights_kind", "auto"), boxes="detect", min_boxes=s["min_boxes"],
-        max_boxes=s["max_boxes"], conf_thresh=s["conf_thresh"], nms_thresh=s["nms_thresh"],
-        min_size=s["min_size"], max_size=s["max_size"], num_classes=s.get("num_classes", 91),
-        top_attributes=s.get("top_attributes", 1))
-    extractor = region_extraction.build_extractor(settings, weights, s["weights_md5"])
-    extractor = extractor.eval().to(device)
-    return (region_extraction.batch_model(extractor, device, None),
-            detector_transform(settings.min_size, settings.max_size))
-
-
-REBUILDERS = {"extract-grid": _grid, "extract-regions": _regions}  # producer -> its extractor

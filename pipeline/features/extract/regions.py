@@ -29,6 +29,9 @@ Three architectures (:func:`build_detector`):
     is resampled from the stride-16 map and seen by ``layer4`` at full resolution.
     A ResNet classification state_dict loads into trunk and head together.
 
+Each is a registered extractor kind (``--arch fpn|c4|c5``: :class:`TorchvisionRegions`,
+settings :class:`TorchvisionRegionSettings`, at the end of this file).
+
 Two modes (:meth:`RegionFeatureExtractor.forward`): ``boxes=None`` detects regions
 with the bottom-up selection rule (``pipeline.features.detectors.selection``); given boxes (image
 pixels) are pooled as they are.
@@ -45,6 +48,7 @@ Example::
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,9 +63,12 @@ from torchvision.ops import MultiScaleRoIAlign
 from torchvision.ops import boxes as box_ops
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import md5_of_file
 from pipeline.core.state_dicts import first_misfit, listed
 from pipeline.features.detectors.selection import RegionExtractor
-from pipeline.features.extract.backbones import BACKBONES, build_resnet
+from pipeline.features.extract import EXTRACTORS
+from pipeline.features.extract.region_extraction import RegionKind, SharedRegionSettings
+from pipeline.vision.backbones import BACKBONES, RANDOM, RANDOM_SEED, build_resnet, resolve_weights
 
 ARCHS = ("fpn", "c5", "c4")
 WEIGHT_KINDS = ("auto", "detector", "backbone")
@@ -351,3 +358,81 @@ def describe_layer(detector: FasterRCNN, dim: int) -> str:
         return (f"RoIAlign {size[0]}x{size[1]} on layer3 (stride 16), layer4, mean-pooled "
                 f"({dim}-d)")
     return f"roi_heads.box_head ({type(head).__name__} output, {dim}-d)"
+
+
+# --------------------------------------------------------------------------- the kinds
+
+FPN_COCO_WEIGHTS = "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth"
+
+
+@dataclass
+class TorchvisionRegionSettings(SharedRegionSettings):
+    """``--arch fpn|c4|c5``: the shared region settings and the torchvision detector's own."""
+
+    arch: str = "fpn"  # which of the three
+    backbone: str = "resnet50"
+    weights_kind: str = "auto"  # detector | backbone | auto (see load_detector_weights)
+    num_classes: int = 91  # incl. the background: COCO 91, Visual Genome 1601
+
+
+class TorchvisionRegions(RegionKind):
+    """A torchvision Faster R-CNN of :func:`build_detector`; ``resnet_trunk``: a plain
+    ResNet's (ImageNet) weights can start it, which is what it loads without ``--weights``."""
+
+    Settings = TorchvisionRegionSettings
+
+    def __init__(self, name: str, summary: str, resnet_trunk: bool):
+        super().__init__(name)
+        self.__doc__ = summary  # what `--arch` lists it as
+        self.resnet_trunk = resnet_trunk
+
+    def settings(self, **options) -> TorchvisionRegionSettings:
+        if options.setdefault("arch", self.name) != self.name:
+            raise CapstackError(f"arch: {options['arch']!r} given to the kind {self.name!r}")
+        return super().settings(**options)
+
+    def accepts(self, settings) -> bool:
+        return type(settings) is self.Settings and settings.arch == self.name
+
+    def weights_file(self, s: TorchvisionRegionSettings) -> tuple[str, str]:
+        if s.weights == RANDOM or (s.weights is None and self.resnet_trunk):
+            w = resolve_weights(s.backbone, s.weights)  # without a file: the ImageNet ResNet cache
+            return w.path, w.md5
+        if s.weights:
+            path = Path(s.weights).expanduser().resolve()
+            if not path.is_file():
+                raise CapstackError(f"{s.weights}: detector weights not found")
+            return str(path), md5_of_file(path)
+        cached = Path(torch.hub.get_dir()) / "checkpoints" / FPN_COCO_WEIGHTS
+        if not cached.is_file():
+            raise CapstackError(f"no detector weights: put torchvision's COCO Faster R-CNN "
+                                f"state_dict at {cached}, or pass --weights PATH (a detector, or "
+                                f"a ResNet for --arch c4 or c5); --weights random gives "
+                                f"meaningless random features")
+        return str(cached), md5_of_file(cached)
+
+    def build(self, s: TorchvisionRegionSettings, weights_path: str,
+              weights_md5: str | None = None) -> RegionFeatureExtractor:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_SEED)  # random parts are the same in every run (resume)
+            detector = build_detector(self.name, backbone=s.backbone, num_classes=s.num_classes,
+                                      min_size=s.min_size, max_size=s.max_size)
+        if weights_path != RANDOM:
+            kind = "backbone" if s.weights is None and self.resnet_trunk else s.weights_kind
+            load_detector_weights(detector, weights_path, kind=kind)
+        return RegionFeatureExtractor(detector, min_boxes=s.min_boxes, max_boxes=s.max_boxes,
+                                      conf_thresh=s.conf_thresh, nms_thresh=s.nms_thresh)
+
+    def detector_settings(self, s: TorchvisionRegionSettings, probe) -> tuple[str, dict, dict]:
+        return s.backbone, {"weights_kind": s.weights_kind, "num_classes": s.num_classes}, {}
+
+
+for _kind in (
+        TorchvisionRegions("fpn", "torchvision's fasterrcnn_resnet50_fpn (1024-d box head; "
+                                  "--weights its COCO state_dict)", resnet_trunk=False),
+        TorchvisionRegions("c4", "RoIAlign 14x14 on a torchvision ResNet's layer3, then layer4, "
+                                 "mean-pooled (the bottom-up layout)", resnet_trunk=True),
+        TorchvisionRegions("c5", "RoIAlign 7x7 on a torchvision ResNet's layer4, mean-pooled",
+                           resnet_trunk=True)):
+    EXTRACTORS.register(_kind.name)(_kind)
+del _kind

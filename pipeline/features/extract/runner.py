@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.interrupt import stop_at_batch_boundary
-from pipeline.features.extract.images import ImageDataset, collate_images
+from pipeline.vision.images import ImageDataset, collate_images
 from pipeline.features.stores import Record, StoreWriter
 
 BatchModel = Callable[[dict], list[Record]]

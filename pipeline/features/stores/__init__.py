@@ -1,6 +1,7 @@
 """Feature stores: one interface, two backends, chosen by the path's suffix or ``format``.
 
-``.lmdb`` (a folder) -> LMDB, the default; ``.h5`` / ``.hdf5`` -> HDF5.
+``.lmdb`` (a folder) -> LMDB, the default; ``.h5`` / ``.hdf5`` -> HDF5. ``open_store``
+also takes a pointer file (``.json``) and opens the store it names.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.pointer import read_pointer
 from pipeline.features.stores.base import Batch, StoreReader, StoreWriter, partial_path
 from pipeline.features.stores.schema import Field, Record, Schema, field
 
@@ -31,7 +33,9 @@ def store_format(path: str | Path, format: str | None = None) -> str:
 
 
 def open_store(path: str | Path, format: str | None = None) -> StoreReader:
-    """A reader of the complete store at ``path``."""
+    """A reader of the complete store at ``path``, or of the store a pointer file (``.json``,
+    a stage's out) names: the one place a pointer is dereferenced for reading."""
+    path = read_pointer(path)
     if store_format(path, format) == "lmdb":
         from pipeline.features.stores.lmdb import LmdbReader
         return LmdbReader(path)

@@ -27,11 +27,11 @@ TITLE_HEIGHT_IN = 0.35
 
 def figure_image(path: str | os.PathLike) -> np.ndarray:
     """The image file at ``path`` as the feature extractor saw it, H x W x 3 uint8: loaded by the
-    extractor's own :func:`~pipeline.features.extract.images.load_rgb` (EXIF orientation
+    extractor's own :func:`~pipeline.vision.images.load_rgb` (EXIF orientation
     applied, alpha on white, 16-bit scaled), so boxes and grid cells, computed on those pixels,
     land where they were. ``Image.open(path).convert("RGB")`` drew an EXIF-rotated photo
     unrotated, under boxes of the rotated one."""
-    from pipeline.features.extract.images import ImageSkipped, load_rgb
+    from pipeline.vision.images import ImageSkipped, load_rgb
 
     try:
         return np.asarray(load_rgb(path))

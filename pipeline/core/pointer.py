@@ -3,6 +3,9 @@
 The stage's out is the pointer, inside the workdir; the store it names lives
 in the shared features root. So a stage is up to date only while both are
 there: the stages engine asks :func:`target_of` for what an out stands for.
+A reader never dereferences one itself: ``open_store`` accepts a pointer file
+(:func:`read_pointer`, once, there). Here in core, below the stores and the
+stage engine alike.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Decoding images for feature extraction, robust to bad files.
+"""Decoding images for feature extraction, detector training and the demo, robust to bad files.
 
 Extractors read the images named in a Karpathy json from ``IMAGE_ROOT/relpath``
-inside DataLoader workers. A bad file never stops an extraction: :func:`load_rgb`
+inside DataLoader workers (so do ``train-detector`` and ``train-backbone``). A bad file never stops an extraction: :func:`load_rgb`
 raises :class:`ImageSkipped` with a short reason, :class:`ImageDataset` turns
 that into an item with ``"skipped": reason`` and :func:`collate_images` collects
 the ``(image_id, reason)`` pairs of a batch next to the images that loaded.
