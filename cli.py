@@ -523,6 +523,14 @@ def objectives_cmd():
     _echo_summaries(OBJECTIVES)
 
 
+@main.command("rewards")
+def rewards_cmd():
+    """The registered RL rewards (an objective's ``reward:``): name, then what it is."""
+    from trainer.rewards import REWARDS
+
+    _echo_summaries(REWARDS)
+
+
 @stage_command("train", code="trainer.train")
 @click.argument("experiment", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),

@@ -325,3 +325,16 @@ def test_a_checkpoint_saved_with_cider_cache_evaluates_and_resumes(xe_run, tmp_p
     assert resumed.resumed_at == (1, 0) and resumed.epochs == 2
     saved = yaml.safe_load(json.dumps(load_checkpoint(tmp_path / "rl" / "last.pt")["experiment"]))
     assert saved["objective"]["reward"] == {"name": "cider-d", "cache": cache}
+
+
+def test_rewards_command_lists_every_registered_reward_with_what_it_is():
+    from click.testing import CliRunner
+
+    from cli import main
+    from trainer.rewards import REWARDS
+
+    result = CliRunner().invoke(main, ["rewards"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert [line.split()[0] for line in lines] == sorted(REWARDS)
+    assert all(len(line.split(None, 1)) == 2 for line in lines)  # each says what it is
