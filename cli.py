@@ -222,17 +222,27 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size, force):
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--min-count", default=5, show_default=True, type=click.IntRange(1, 10**9),
-              help="Words seen fewer times in the train split become <unk>.")
+              help="Words seen fewer times in the train split become <unk> (rule rtl: words "
+                   "seen this many times or fewer, in any split).")
 @click.option("--max-len", default=16, show_default=True, help="Captions are truncated to this.",
               type=click.IntRange(1, MAX_CAPTION_WORDS))
+@click.option("--vocab-rule", type=NamesOf("pipeline.captions.vocab_rules:VOCAB_RULES"),
+              default="capstack", show_default=True,
+              help="Which words the vocabulary keeps: capstack's rule, or rtl, "
+                   "self-critical.pytorch's prepro_labels.py (pipeline/captions/vocab_rules.py).")
+@click.option("--restval", type=NamesOf("pipeline.captions.prepare:RESTVAL"), default="train",
+              show_default=True, help="COCO's restval images: train images, or dropped (the "
+                                      "82,783 train images Show, Attend and Tell trains on).")
 @force_output_option
-def prepare(dataset_json, out_dir, min_count, max_len, force):
+def prepare(dataset_json, out_dir, min_count, max_len, vocab_rule, restval, force):
     """Karpathy-format json -> vocabulary, captions HDF5, COCO-format references per split."""
     from pipeline.captions.prepare import prepare_captions
 
     s = prepare_captions(dataset_json, out_dir, min_count=min_count, max_len=max_len,
-                         progress=True, force=force)
-    click.echo(f"prepare: {out_dir}: vocabulary {s['vocab_size']} words (min count {min_count}), "
+                         vocab_rule=vocab_rule, restval=restval, progress=True, force=force)
+    rule = "" if vocab_rule == "capstack" else f", rule {vocab_rule}"
+    click.echo(f"prepare: {out_dir}: vocabulary {s['vocab_size']} words (min count {min_count}"
+               f"{rule}), "
                f"{s['unk_tokens']} train tokens -> <unk>, {s['truncated']} captions truncated "
                f"to {max_len}")
     for split, n in s["images"].items():
@@ -635,8 +645,11 @@ def runs_cmd(workdir, as_json):
               help="[the experiment's eval.max_len]")
 @click.option("--figures", type=click.IntRange(0, 1000), default=None,
               help="Attention figures of the first N images [the experiment's eval.figures].")
+@click.option("--max-refs", type=click.IntRange(0, 100), default=None,
+              help="Score against each image's first N references, 0 all "
+                   "[the experiment's eval.max_refs].")
 @click.option("--device", default="auto", show_default=True)
-def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, device):
+def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_refs, device):
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
     eval: section says unless options override it; or score RESULTS --refs REFS."""
     from trainer.evaluation.evaluate import evaluate_checkpoint
@@ -649,14 +662,15 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, devi
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a checkpoint; with --refs "
                                    f"TARGET is a results file, already decoded")
-        scores = score_files(target, refs)
+        scores = score_files(target, refs, max_refs=max_refs or 0)
         if out_dir:  # what the line below says was written
             from pipeline.core.jsonfile import write_json
             write_json(out_dir / "metrics.json", scores)
     else:
         out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
         scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
-                                     max_len=max_len, figures=figures, device=device)
+                                     max_len=max_len, figures=figures, max_refs=max_refs,
+                                     device=device)
     _echo_scores(scores)
     if out_dir:
         click.echo(f"-> {out_dir}/metrics.json")
@@ -667,7 +681,8 @@ def _echo_scores(scores: dict) -> None:
         shown = f"{100 * value:6.1f}" if value is not None else \
             f"   n/a ({scores['unavailable'].get(name, 'unavailable')})"
         click.echo(f"  {name:<8}{shown}")
-    click.echo(f"  ({scores['images']} images, {scores['tokenizer']} tokenizer)")
+    refs = f", first {scores['max_refs']} references" if scores.get("max_refs") else ""
+    click.echo(f"  ({scores['images']} images, {scores['tokenizer']} tokenizer{refs})")
 
 
 @main.command("caption")

@@ -9,11 +9,11 @@ import pytest
 
 from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
-from trainer.rewards.cider_cache import build_cache
 from trainer.config import load_experiment
 from trainer.objectives.c2f import c2f_advantages
+from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import cider_d, make_prepared, write_experiment, write_feature_store
 
 
 def test_advantage_is_equation_15():
@@ -42,7 +42,7 @@ def stack_run(tmp_path_factory):
 def test_c2f_run_logs_every_stage_reward(stack_run, tmp_path):
     root, exp, _, _ = stack_run
     config = load_experiment(exp, ["objective.name=c2f", f"train.init_from={root / 'xe' / 'best.pt'}",
-                                   f"objective.cider_cache={root / 'cider.npz'}", "train.lr=5e-5",
+                                   *cider_d(root / 'cider.npz'), "train.lr=5e-5",
                                    "train.epochs=1", "objective.samples=2"])
     train(config, tmp_path / "c2f", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "c2f" / "metrics.jsonl").read_text().splitlines()]
@@ -58,7 +58,7 @@ def test_c2f_needs_a_coarse_to_fine_decoder(stack_run, tmp_path):
     with pytest.raises(CapstackError, match=r"td.yaml: objective.name: c2f needs a staged "
                                             r"\(coarse-to-fine\) decoder \(stack_cap, "
                                             r"stack_cap_star\); decoder.name is top_down"):
-        load_experiment(exp, ["objective.name=c2f", f"objective.cider_cache={tmp_path / 'no.npz'}"])
+        load_experiment(exp, ["objective.name=c2f", *cider_d(tmp_path / 'no.npz')])
 
 
 @pytest.mark.slow

@@ -5,29 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pycocoevalcap.cider.cider import Cider
+from reward_fixtures import REFS, WORDS, token_ids
 
 from pipeline.core.errors import CapstackError
 from trainer.rewards.cider import CiderD
-
-WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "a", "red", "blue", "circle", "square", "on",
-         "the", "left", "of", "right", "big", "small", "and"]
-REFS = {
-    10: ["a red circle on the left", "a big red circle", "red circle left of a blue square",
-         "a circle", "there is a red circle on the left of the image"],
-    11: ["a blue square", "a small blue square on the right", "blue square", "a square",
-         "an image of a blue square"],  # "an", "image" are not in the vocabulary
-    12: ["a red circle and a blue square", "a circle and a square", "red circle blue square"],
-    13: ["a a a a", "a"],
-}
-
-
-def tokens_of(captions: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    ids = {w: i for i, w in enumerate(WORDS)}
-    lengths = np.array([len(c) for c in captions])
-    tokens = np.zeros((len(captions), max(lengths.max(), 1)), np.int64)
-    for k, c in enumerate(captions):
-        tokens[k, :len(c)] = [ids[w] for w in c]
-    return tokens, lengths
 
 
 def reference_scores(candidates: dict[int, list[str]]) -> np.ndarray:
@@ -46,7 +27,7 @@ def reference_scores(candidates: dict[int, list[str]]) -> np.ndarray:
 def test_scores_equal_pycocoevalcap(candidates):
     scorer = CiderD.from_references(REFS, WORDS)
     ids = sorted(candidates)
-    tokens, lengths = tokens_of([candidates[i] for i in ids])
+    tokens, lengths = token_ids([candidates[i] for i in ids])
     np.testing.assert_allclose(scorer.score(ids, tokens, lengths), reference_scores(candidates),
                                atol=1e-6, rtol=0)
 
@@ -58,12 +39,12 @@ def test_random_captions_and_several_per_image():
         captions = {i: [WORDS[w] for w in rng.integers(3, len(WORDS), rng.integers(0, 20))]
                     for i in REFS}
         ids = sorted(captions)
-        tokens, lengths = tokens_of([captions[i] for i in ids])
+        tokens, lengths = token_ids([captions[i] for i in ids])
         np.testing.assert_allclose(scorer.score(ids, tokens, lengths),
                                    reference_scores(captions), atol=1e-6, rtol=0)
     # five samples of image 10 scored in one call, as SCST does
     samples = [["a", "red", "circle"], [], ["a"] * 9, ["blue", "square"], ["a", "red", "circle"]]
-    tokens, lengths = tokens_of(samples)
+    tokens, lengths = token_ids(samples)
     scores = scorer.score([10] * 5, tokens, lengths)
     singles = [reference_scores({**{i: ["a"] for i in REFS}, 10: s})[0] for s in samples]
     np.testing.assert_allclose(scores, singles, atol=1e-6, rtol=0)
@@ -74,7 +55,7 @@ def test_cache_round_trip_and_errors(tmp_path):
     scorer = CiderD.from_references(REFS, WORDS)
     scorer.save(tmp_path / "cider.npz")
     loaded = CiderD.load(tmp_path / "cider.npz")
-    tokens, lengths = tokens_of([["a", "red", "circle"], ["blue", "square"]])
+    tokens, lengths = token_ids([["a", "red", "circle"], ["blue", "square"]])
     np.testing.assert_array_equal(loaded.score([10, 11], tokens, lengths),
                                   scorer.score([10, 11], tokens, lengths))
     assert loaded.vocab_digest() == scorer.vocab_digest()

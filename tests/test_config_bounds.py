@@ -40,9 +40,12 @@ ADVERSARIAL = ["decoder.name=hacap", "objective.name=adversarial"]
 
 @pytest.mark.parametrize("overrides, problem", [
     # what the probe found: a traceback from torch or numpy ...
-    (["train.betas=[2,2]"], "train.betas[0]: must be a finite number at least 0 and below 1, "
-                            "got 2.0"),
-    (["train.weight_decay=-1"], "train.weight_decay: must be a finite number, 0 or more, got -1.0"),
+    (["train.optimizer.betas=[2,2]"], "train.optimizer.betas[0]: must be a finite number at "
+                                      "least 0 and below 1, got 2.0"),
+    (["train.optimizer.weight_decay=-1"], "train.optimizer.weight_decay: must be a finite "
+                                          "number, 0 or more, got -1.0"),
+    (["train.optimizer={name: rmsprop, alpha: 1}"], "train.optimizer.alpha: must be a finite "
+                                                    "number at least 0 and below 1, got 1.0"),
     (["train.lr=.nan"], "train.lr: must be a finite number above 0, got nan"),
     (["train.seed=-1"], "train.seed: must be from 0 to 4294967295, got -1"),
     (["train.seed=100000000000000000000000"],
@@ -58,8 +61,8 @@ ADVERSARIAL = ["decoder.name=hacap", "objective.name=adversarial"]
     (["train.lr=1" + "0" * 400], "train.lr: must be a finite number above 0, got inf"),
     (["train.lr_decay_rate=0"], "train.lr_decay_rate: must be a finite number above 0 and at "
                                 "most 1, got 0.0"),
-    (["train.betas=[0.9, 1]"], "train.betas[1]: must be a finite number at least 0 and below 1, "
-                               "got 1.0"),
+    (["train.optimizer.betas=[0.9, 1]"], "train.optimizer.betas[1]: must be a finite number "
+                                         "at least 0 and below 1, got 1.0"),
     (["eval.figures=-1"], "eval.figures: must be from 0 to 1000, got -1"),
     (["eval.beam_size=0"], "eval.beam_size: must be from 1 to 100, got 0"),
     (["objective.scheduled_sampling_max=.nan"],
@@ -81,13 +84,14 @@ def test_a_number_out_of_its_bound_is_named_with_the_bound_when_read(tmp_path, o
 
 def test_the_cross_field_rules_still_speak_after_the_bounds(tmp_path):
     path = experiment_file(tmp_path)
-    with pytest.raises(CapstackError, match="train.betas: expected two numbers"):
-        load_experiment(path, ["train.betas=[0.5]"])
+    with pytest.raises(CapstackError, match="train.optimizer.betas: expected two numbers"):
+        load_experiment(path, ["train.optimizer.betas=[0.5]"])
     with pytest.raises(CapstackError, match="baseline: 'mean' .* needs samples >= 2, got 1"):
         load_experiment(path, SCST + ["objective.baseline=mean", "objective.samples=1"])
-    config = load_experiment(path, ["train.seed=4294967295", "train.betas=[0, 0.999999]",
+    config = load_experiment(path, ["train.seed=4294967295", "train.optimizer.betas=[0, 0.999999]",
                                     "train.lr_decay_rate=1", "data.max_regions=0"])
-    assert (config.train.seed, config.train.betas) == (4294967295, [0.0, 0.999999])
+    assert (config.train.seed, config.train.optimizer.config.betas) == (4294967295,
+                                                                        [0.0, 0.999999])
 
 
 @pytest.mark.parametrize("override, problem", [

@@ -27,10 +27,10 @@ from pipeline.engine.torchrun import without_option
 from pipeline.features.extract.grid import GridSettings, extract_grid
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
-from trainer.rewards.cider_cache import build_cache
 from trainer.config import load_experiment
+from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import cider_d, make_prepared, write_experiment, write_feature_store
 
 LAUNCH_TIMEOUT = 240
 
@@ -121,7 +121,7 @@ def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, o
     exp = experiment_without_dropout(root, decoder, tmp_path)
     train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "xe", progress=False)
     rl = [f"objective.name={objective}", f"train.init_from={tmp_path / 'xe' / 'best.pt'}",
-          f"objective.cider_cache={root / 'cider.npz'}", "train.epochs=1", "objective.samples=3",
+          *cider_d(root / 'cider.npz'), "train.epochs=1", "objective.samples=3",
           "train.lr=1e-3"]
     train(load_experiment(exp, rl), tmp_path / "one", progress=False)
     sets = [word for item in rl for word in ("--set", item)]

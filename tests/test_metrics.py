@@ -261,6 +261,38 @@ def test_evaluate_results_with_out_writes_what_it_says(tmp_path, no_java):
     assert refused.exit_code == 2 and "--beam: only for a checkpoint" in refused.output
 
 
+SEVEN = {7: ["a man rides a horse on a beach", "a person on a horse by the sea",
+             "a rider and a horse near the water", "someone riding a brown horse",
+             "a horse carries a man along the shore", "two dogs play with a red ball",
+             "a man on a horse at the beach"]}
+
+
+def test_max_refs_scores_against_each_images_first_references(tmp_path, no_java):
+    """7 references, the candidate equal to the 6th: every n-gram of it is matched while the
+    6th is scored (BLEU-4 1), and not once only the first 5 are (Show-Attend-Tell's rule)."""
+    from click.testing import CliRunner
+
+    from cli import main
+
+    candidate = {7: SEVEN[7][5]}
+    assert M.first_references(SEVEN, 5) == {7: SEVEN[7][:5]}
+    assert M.first_references(SEVEN, 0) == SEVEN
+    every, first6, first5 = (M.score(candidate, SEVEN, spice=False, max_refs=n)
+                             for n in (0, 6, 5))
+    assert every["metrics"]["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
+    assert first6["metrics"] == every["metrics"]
+    assert first5["metrics"]["BLEU-1"] < 0.3 and first5["metrics"]["BLEU-4"] < 1e-4
+    assert (every["max_refs"], first5["max_refs"]) == (0, 5)
+    results = _write(tmp_path / "results.json", [{"image_id": 7, "caption": SEVEN[7][5]}])
+    refs = _write(tmp_path / "refs.json", _refs_doc(SEVEN))
+    done = CliRunner().invoke(main, ["evaluate", str(results), "--refs", str(refs),
+                                     "--max-refs", "5", "--out", str(tmp_path / "e")])
+    assert done.exit_code == 0, done.output
+    assert "first 5 references" in done.output
+    written = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert written["max_refs"] == 5 and written["metrics"] == first5["metrics"]
+
+
 def test_score_files_unknown_id_names_file_and_id(tmp_path):
     results = _write(tmp_path / "results.json", [{"image_id": 77, "caption": "a dog"}])
     refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))

@@ -3,7 +3,6 @@ every checkpoint and restored by an exact resume (the mechanism HACap's discrimi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +15,7 @@ from trainer.config import load_experiment
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
 from trainer.train import Run, train
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import logged, make_prepared, write_experiment, write_feature_store
 
 
 @dataclass
@@ -73,10 +72,6 @@ def data(tmp_path_factory):
     store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
     return prepared, store
 
-
-def logged(run_dir, key):
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [x[key] for x in lines if x["kind"] == "train"]
 
 
 def test_an_objective_with_its_own_optimiser_resumes_exactly(data, tmp_path):

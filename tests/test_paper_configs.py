@@ -23,7 +23,7 @@ def experiment(path: str) -> dict:
     from trainer.config import load_experiment
 
     loaded = load_experiment(ROOT / "configs" / path)
-    return {**asdict(loaded), "decoder": asdict(loaded.decoder.config),
+    return {**loaded.to_dict(), "decoder": asdict(loaded.decoder.config),
             "objective": asdict(loaded.objective.config)}
 
 
@@ -44,7 +44,8 @@ def value(config: dict, dotted: str):
 @pytest.mark.parametrize("setting, stated", [
     ("decoder.hidden", 512),        # "the number of hidden units of each LSTM to 512"
     ("train.lr", 4e-4),             # "Adam ... initial learning rate of 4 x 10^-4"
-    ("train.betas", [0.9, 0.999]),  # "momentum parameter of 0.9" (Adam's beta1)
+    ("train.optimizer.name", "adam"),  # "using Adam optimizer"
+    ("train.optimizer.betas", [0.9, 0.999]),  # "momentum parameter of 0.9" (Adam's beta1)
     ("eval.beam_size", 5),          # "K = 5 in our experiments"
     ("data.features", ["coco/features/grid.json"]),  # all six on the 14 x 14 x 2048 grid
 ])
@@ -55,6 +56,23 @@ def test_stack_cap_tables_1_2(name, setting, stated):
 @pytest.mark.parametrize("name", ["soft_attention", "top_down", "stack_cap_star", "stack_cap"])
 def test_stack_cap_attention_layers_have_512_units(name):
     assert experiment(f"coco/stack_cap/{name}.yaml")["decoder"]["att_hidden"] == 512
+
+
+@pytest.mark.parametrize("name", ["top_down", "stack_cap_star", "stack_cap"])
+def test_stack_cap_attends_over_the_pooled_features_themselves(name):
+    """Eqs 2, 5 and 7 attend over V itself: no learned ReLU(W V) in front, as for Soft."""
+    assert experiment(f"coco/stack_cap/{name}.yaml")["decoder"]["feature_embed"] == 0
+
+
+def test_stack_caps_lstm_baseline_has_no_batch_norm_on_the_image():
+    """Show and Tell's image embedding is a linear map (im2txt: a fully connected layer)."""
+    assert experiment("coco/stack_cap/show_tell.yaml")["decoder"]["image_norm"] is False
+
+
+def test_stack_caps_rl_takes_one_monte_carlo_sample():
+    """Eqs 12-15: one sampled caption per stage against its greedy decode."""
+    rl = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]["rl"]["do"]
+    assert rl["params"]["samples"] == 1 and "--set objective.samples=${samples}" in rl["cmd"]
 
 
 def test_stack_cap_grid_is_resnet101_layer4_at_448_pooled_to_14x14():
@@ -72,9 +90,12 @@ def test_stack_cap_rl_is_adam_5e5_scst_and_c2f_from_the_best_xe_checkpoint():
     assert "train.init_from=coco/runs/${key}/best.pt" in rl["do"]["cmd"]
 
 
-def test_the_coco_vocabulary_is_words_seen_5_times():  # Stack-Cap's 9,487 words
+def test_the_coco_vocabulary_is_self_critical_pytorchs_at_threshold_5():  # Stack-Cap's 9,487
+    """Stack-Cap's 9,487 words are what self-critical.pytorch's prepro_labels.py keeps on
+    Karpathy's COCO at threshold 5 (words seen more than 5 times in any split): its rule."""
     stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
-    assert stages["prepare"]["params"]["min_count"] == 5
+    assert stages["prepare"]["params"] == {"min_count": 5, "max_len": 16, "vocab_rule": "rtl"}
+    assert "--vocab-rule ${vocab_rule}" in stages["prepare"]["cmd"]
 
 
 @pytest.mark.parametrize("path", ["coco/show_attend_tell", "flickr8k/show_attend_tell",
@@ -82,7 +103,16 @@ def test_the_coco_vocabulary_is_words_seen_5_times():  # Stack-Cap's 9,487 words
 def test_show_attend_tell(path):
     soft, hard = experiment(f"{path}/soft_attention.yaml"), experiment(f"{path}/hard_attention.yaml")
     for config in (soft, hard):
-        assert config["train"]["batch_size"] * 5 in range(60, 70)  # "a mini-batch of size 64"
+        assert config["data"]["batching"] == "one_length"  # "minibatches of ... 64 ... one length"
+        assert config["train"]["batch_size"] * config["data"]["seq_per_img"] == 64
+        assert config["eval"]["max_refs"] == 5  # scored against 5 references
+        assert config["train"]["optimizer"]["name"] == ("rmsprop" if "flickr8k" in path
+                                                        else "adam")  # "RMSProp ... Flickr8k"
+    if path.startswith("coco"):  # trained on COCO's 82,783 train images: restval dropped
+        stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
+        prepare = stages["prepare_show_attend_tell"]
+        assert "--restval drop" in prepare["cmd"] and prepare["outs"] == ["coco/prepared-82k"]
+        assert soft["data"]["captions"] == hard["data"]["captions"] == "coco/prepared-82k"
         assert config["data"]["features"][0].endswith("grid-layer3.json")  # 196 locations
     assert soft["decoder"]["doubly_stochastic"] > 0  # the doubly stochastic penalty
     assert hard["decoder"]["baseline_decay"] == 0.9  # b_k = 0.9 b_{k-1} + 0.1 log p
@@ -107,6 +137,7 @@ def test_gru_baseline():
     config = experiment("coco/gru_baseline/gru_init.yaml")
     decoder, train = config["decoder"], config["train"]
     assert (decoder["embed"], decoder["hidden"]) == (512, 512)  # "embedding ... 512, ... decoder"
+    assert decoder["cell"] == "report"  # c~ = tanh(W_c [Γ_r ⊙ c, x] + b_c), section 2.1
     assert (train["lr"], train["epochs"], train["grad_clip"]) == (4e-4, 30, 5.0)
     args = stage_args("coco.yaml", "extract_grid_256")
     assert (args["backbone"], args["image-size"], args["grid"]) == ("resnet101", "256", "14")

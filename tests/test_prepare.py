@@ -105,6 +105,53 @@ def test_prepare_matches_hand_count(coco_like, tmp_path):
     assert json.loads((out / "summary.json").read_text()) == summary
 
 
+def test_the_rtl_rule_keeps_words_of_every_split_seen_more_than_min_count_first_seen_first(
+        coco_like, tmp_path, capstack):
+    """self-critical.pytorch's prepro_labels.py rule, by hand on the same json as above. Every
+    split's tokens, first seen first: a 9, dog 4, runs 1, sits 3, cat 2, on 1, mat 1, and 1,
+    zebra 4, bird 1, flies 1. Seen more than 2 times: a, dog, sits, zebra (the default rule
+    keeps cat, seen twice in train, and not zebra, a val/test word)."""
+    capstack("prepare", coco_like, tmp_path / "p", "--min-count", 2, "--max-len", 4,
+             "--vocab-rule", "rtl")
+    vocab = Vocabulary.load(tmp_path / "p" / "vocab.json")
+    assert vocab.itow[4:] == ["a", "dog", "sits", "zebra"] and vocab.rule == "rtl"
+    a, dog, sits, zebra, unk = 4, 5, 6, 7, 3
+    with h5py.File(tmp_path / "p" / "captions.h5") as f:
+        np.testing.assert_array_equal(f["labels"][:], [
+            [a, dog, unk, 0], [a, dog, sits, 0], [a, unk, sits, unk], [a, dog, unk, a],
+            [a, zebra, sits, 0], [zebra, zebra, zebra, 0], [a, unk, 0, 0], [a, dog, unk, 0]])
+        assert f.attrs["vocab_rule"] == "rtl"
+    assert json.loads((tmp_path / "p" / "summary.json").read_text())["vocab_rule"] == "rtl"
+    default = prepare_captions(coco_like, tmp_path / "d", min_count=2, max_len=4)
+    assert default["vocab_rule"] == "capstack"
+    assert Vocabulary.load(tmp_path / "d" / "vocab.json").itow[4:] == ["a", "dog", "cat", "sits"]
+    result = capstack("prepare", coco_like, tmp_path / "x", "--vocab-rule", "nltk",
+                      expect_ok=False)
+    assert result.exit_code == 2 and "'nltk' is not one of 'capstack', 'rtl'" in result.output
+
+
+def test_restval_drop_leaves_the_restval_images_out_of_every_file(coco_like, tmp_path, capstack):
+    """The json above without image 501 (restval): train is image 500 alone (a dog runs, a dog
+    sits: a and dog seen twice), the rows renumbered."""
+    capstack("prepare", coco_like, tmp_path / "p", "--min-count", 2, "--max-len", 4,
+             "--restval", "drop")
+    assert Vocabulary.load(tmp_path / "p" / "vocab.json").itow[4:] == ["a", "dog"]
+    with h5py.File(tmp_path / "p" / "captions.h5") as f:
+        np.testing.assert_array_equal(f["image_ids"][:], [500, 502, 503])
+        np.testing.assert_array_equal(f["split"][:], [0, 1, 2])
+        np.testing.assert_array_equal(f["label_start"][:], [0, 2, 4])
+        assert f["labels"].shape == (6, 4) and f.attrs["restval"] == "drop"
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    assert summary["images"] == {"train": 1, "val": 1, "test": 1} and summary["restval"] == "drop"
+    assert json.loads((tmp_path / "p" / "images_val.json").read_text())[0]["row"] == 1
+    refs = json.loads((tmp_path / "p" / "refs_train.json").read_text())
+    assert [im["id"] for im in refs["images"]] == [500]
+    restval_only = write(tmp_path, {"images": [karpathy_image(0, "restval", ["a dog"]),
+                                               karpathy_image(1, "val", ["a cat"])]}, "r.json")
+    with pytest.raises(CapstackError, match="--restval drop leaves no train image"):
+        prepare_captions(restval_only, tmp_path / "q", min_count=1, restval="drop")
+
+
 def test_prepare_writes_references_and_image_order(coco_like, tmp_path):
     out = tmp_path / "prepared"
     prepare_captions(coco_like, out, min_count=2, max_len=4)
@@ -131,11 +178,11 @@ def test_prepare_flickr_like(flickr_like, tmp_path):
 
 
 def test_vocabulary_round_trip(tmp_path):
-    vocab = Vocabulary.build([["a", "b", "b"], ["c"]], min_count=1)
-    assert vocab.itow[4:] == ["b", "a", "c"]
+    vocab = Vocabulary(["b", "a", "c"], {"b": 2, "a": 1, "c": 1}, min_count=1, rule="rtl")
     vocab.save(tmp_path / "v.json")
     again = Vocabulary.load(tmp_path / "v.json")
     assert again == vocab
+    assert (again.rule, again.min_count, again.counts) == ("rtl", 1, vocab.counts)
     assert again.decode(again.encode(["a", "zzz", "c"]) + [2, 4]) == ["a", "<unk>", "c"]
 
 

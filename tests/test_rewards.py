@@ -13,12 +13,14 @@ import torch
 import yaml
 from pycocoevalcap.bleu.bleu import Bleu as CocoBleu
 from pycocoevalcap.rouge.rouge import Rouge as CocoRouge
+from reward_fixtures import REFS as CAPTION_REFS
+from reward_fixtures import WORDS, token_ids
 
 from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
 from trainer.config import component_from_dict, load_experiment
 from trainer.rewards import REWARDS, build_reward
-from trainer.rewards.base import tokenized_references
+from trainer.rewards.base import Reward, tokenized_references
 from trainer.rewards.bleu import Bleu, BleuConfig
 from trainer.rewards.cider import CiderD, CiderDConfig
 from trainer.rewards.cider_cache import build_cache
@@ -26,17 +28,8 @@ from trainer.rewards.rouge import RougeL, RougeLConfig
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
-WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "a", "red", "blue", "circle", "square", "on",
-         "the", "left", "of", "right", "big", "small", "and"]
-REFS = {
-    10: ["a red circle on the left", "a big red circle", "red circle left of a blue square",
-         "a circle", "there is a red circle on the left of the image"],
-    11: ["a blue square", "a small blue square on the right", "blue square", "a square",
-         "an image of a blue square"],  # "an", "image" are not in the vocabulary
-    12: ["a red circle and a blue square", "a circle and a square", "red circle blue square"],
-    13: ["a a a a", "a"],
-    14: ["", "small"],  # an empty reference: ROUGE-L's split(" ") makes it one empty word
-}
+REFS = {**CAPTION_REFS,
+        14: ["", "small"]}  # an empty reference: ROUGE-L's split(" ") makes it one empty word
 CANDIDATES = [  # (image, words): exact, partial, empty, repeated, unknown, over-long
     (10, "a red circle on the left"), (10, ""), (10, "a a a a a a a a a"), (10, "circle red a"),
     (11, "a blue square"), (11, "square square square square square"), (11, "<unk>"),
@@ -48,12 +41,7 @@ CANDIDATES = [  # (image, words): exact, partial, empty, repeated, unknown, over
 
 def batch(candidates=CANDIDATES):
     """image ids [B], token ids [B, T] as SCST passes them (zeros after the words), lengths."""
-    ids = {w: i for i, w in enumerate(WORDS)}
-    rows = [[ids[w] for w in words.split()] for _, words in candidates]
-    lengths = np.array([len(r) for r in rows])
-    tokens = np.zeros((len(rows), max(lengths.max(), 1)), np.int64)
-    for k, r in enumerate(rows):
-        tokens[k, :len(r)] = r
+    tokens, lengths = token_ids([words.split() for _, words in candidates])
     return [image for image, _ in candidates], tokens, lengths
 
 
@@ -282,9 +270,12 @@ def xe_run(prepared):
     "{name: bleu, n: 4}",
     "{name: mix, parts: [{name: cider-d, cache: CACHE, weight: 1}, {name: bleu, weight: 0.5}]}",
 ])
-def test_an_scst_step_runs_on_another_reward(xe_run, tmp_path, reward):
+def test_an_scst_step_runs_on_another_reward(xe_run, tmp_path, reward, monkeypatch):
+    """... and the run lets go of its reward (of each part of a mix) when it ends."""
     root, exp = xe_run
     reward = reward.replace("CACHE", str(root / "cider.npz"))
+    closed = []
+    monkeypatch.setattr(Reward, "close", lambda self: closed.append(type(self).__name__))
     config = load_experiment(exp, ["objective.name=scst", f"objective.reward={reward}",
                                    f"train.init_from={root / 'xe' / 'best.pt'}",
                                    "objective.samples=2", "train.lr=5e-5", "train.epochs=1"])
@@ -293,6 +284,7 @@ def test_an_scst_step_runs_on_another_reward(xe_run, tmp_path, reward):
     steps = [x for x in lines if x["kind"] == "train"]
     assert steps and all(np.isfinite(x["reward"]) and "time_reward" in x for x in steps)
     assert any(x["reward"] > 0 for x in steps)
+    assert closed == (["Bleu"] if "mix" not in reward else ["CiderDReward", "Bleu"])
 
 
 def test_a_checkpoint_saved_with_cider_cache_evaluates_and_resumes(xe_run, tmp_path):

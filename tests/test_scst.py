@@ -11,13 +11,13 @@ import torch
 
 from pipeline.captions.vocab import EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
-from trainer.rewards.cider_cache import build_cache
 from trainer.config import load_experiment
 from trainer.decode import sample
 from trainer.objectives.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
+from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
-from trainer_fixtures import (make_decoder, make_prepared, teacher_forced, write_experiment,
-                              write_feature_store)
+from trainer_fixtures import (cider_d, make_decoder, make_prepared, teacher_forced,
+                              write_experiment, write_feature_store)
 
 
 def test_loss_pushes_up_a_winning_sample_and_down_a_losing_one():
@@ -75,7 +75,7 @@ def xe_run(tmp_path_factory):
 def test_scst_run_starts_from_xe_and_logs_its_time_split(xe_run, tmp_path, baseline):
     root, _, exp = xe_run
     overrides = ["objective.name=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
-                 f"objective.cider_cache={root / 'cider.npz'}", "train.lr=5e-5", "train.epochs=1",
+                 *cider_d(root / 'cider.npz'), "train.lr=5e-5", "train.epochs=1",
                  f"objective.baseline={baseline}", "objective.samples=3"]
     result = train(load_experiment(exp, overrides), tmp_path / "rl", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
@@ -93,7 +93,7 @@ def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
     build_cache(other, "train", tmp_path / "other.npz")
     with pytest.raises(CapstackError, match="another vocabulary"):
         train(load_experiment(exp, ["objective.name=scst",
-                                    f"objective.cider_cache={tmp_path / 'other.npz'}"]),
+                                    *cider_d(tmp_path / 'other.npz')]),
               tmp_path / "rl", progress=False)
     with pytest.raises(CapstackError, match="objective.reward: missing key 'reward'"):
         load_experiment(exp, ["objective.name=scst"])
@@ -118,7 +118,7 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
     from trainer.train import Run
 
     root, _, exp = xe_run
-    config = load_experiment(exp, ["objective.name=scst", f"objective.cider_cache={root / 'cider.npz'}",
+    config = load_experiment(exp, ["objective.name=scst", *cider_d(root / 'cider.npz'),
                                    "train.lr=2e-2", "train.batch_size=6"])
     run = Run(config, tmp_path / "rl")
     run.model.load_state_dict(load_checkpoint(root / "xe" / "best.pt")["model"])
@@ -143,7 +143,7 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
 def test_scst_resumes_exactly(xe_run, tmp_path):
     root, _, exp = xe_run
     overrides = ["objective.name=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
-                 f"objective.cider_cache={root / 'cider.npz'}", "train.lr=5e-4", "train.epochs=2",
+                 *cider_d(root / 'cider.npz'), "train.lr=5e-4", "train.epochs=2",
                  "objective.samples=2"]
 
     def losses(run):
@@ -175,7 +175,7 @@ def test_scst_raises_validation_cider_over_its_xe_start(tmp_path):
     xe = train(load_experiment(exp), tmp_path / "xe", progress=False)
     build_cache(prepared, "train", tmp_path / "cider.npz")
     rl = train(load_experiment(exp, ["objective.name=scst", f"train.init_from={xe.out_dir}",
-                                     f"objective.cider_cache={tmp_path / 'cider.npz'}",
+                                     *cider_d(tmp_path / 'cider.npz'),
                                      "train.lr=1e-3", "train.epochs=3"]),
                tmp_path / "rl", progress=False)
     lines = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
@@ -188,7 +188,7 @@ def test_a_changed_learning_rate_is_another_run(xe_run, tmp_path):
     """Resuming a run with another lr is refused; --restart-on-change starts it afresh."""
     root, _, exp = xe_run
     base = ["objective.name=scst", f"train.init_from={root / 'xe' / 'best.pt'}",
-            f"objective.cider_cache={root / 'cider.npz'}", "train.epochs=1", "objective.samples=2"]
+            *cider_d(root / 'cider.npz'), "train.epochs=1", "objective.samples=2"]
     train(load_experiment(exp, base + ["train.lr=5e-5"]), tmp_path / "rl", progress=False)
     with pytest.raises(CapstackError, match=r"train\.lr: the run was trained with 5e-05"):
         train(load_experiment(exp, base + ["train.lr=2e-5"]), tmp_path / "rl", progress=False)
@@ -204,7 +204,7 @@ def test_an_rl_run_resumes_from_its_start_wherever_it_lies_and_not_from_another(
     """The checkpoint an RL run started from is known by its content: a copy of it elsewhere
     resumes the run, other weights are another start."""
     root, _, exp = xe_run
-    base = ["objective.name=scst", f"objective.cider_cache={root / 'cider.npz'}",
+    base = ["objective.name=scst", *cider_d(root / 'cider.npz'),
             "train.lr=5e-5", "objective.samples=2"]
     start = root / "xe" / "best.pt"
     train(load_experiment(exp, base + [f"train.init_from={start}", "train.epochs=1"]),

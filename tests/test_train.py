@@ -17,7 +17,7 @@ from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import Run, train
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import cider_d, make_prepared, write_experiment, write_feature_store
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,41 @@ def train_losses(run_dir) -> list[float]:
     return [x["loss"] for x in lines if x["kind"] == "train"]
 
 
+def test_one_length_batches_hold_captions_of_one_length_each_caption_once_an_epoch(data):
+    """Show, Attend and Tell's minibatches: batch_size x seq_per_img captions of one length,
+    each with its own image's features, every train caption once per epoch, in an order fixed
+    by (seed, epoch)."""
+    _, prepared, grid, _ = data
+    captions = load_captions(prepared)
+    batches = TrainBatches(captions, Features([grid]), batch_size=2, seq_per_img=2, seed=3,
+                           batching="one_length")
+    epoch = list(batches.epoch(0))
+    assert len(epoch) == len(batches)
+    train_rows = captions.rows("train")
+    caption_rows = [c for r in train_rows
+                    for c in range(captions.label_start[r], captions.label_end[r])]
+    expected = sorted(tuple(batches.all_captions[c].tolist()) for c in caption_rows)
+    seen = []
+    for b in epoch:
+        lengths = (b.captions[:, 1:] != 0).sum(1)  # words and <eos>
+        assert len(set(lengths.tolist())) == 1 and 1 <= len(b.captions) <= 4
+        assert b.seq_per_img == 1 and len(b.image_ids) == len(b.captions) == b.feats.shape[0]
+        seen += [tuple(c.tolist()) for c in b.captions]
+        for image_id, caption in zip(b.image_ids, b.captions):  # each caption with its image
+            row = int(np.flatnonzero(captions.image_ids == image_id)[0])
+            own = batches.all_captions[captions.label_start[row]:captions.label_end[row]]
+            assert any(torch.equal(caption, c) for c in own)
+    assert sorted(seen) == expected  # every caption once
+    again, other = list(batches.epoch(0)), list(batches.epoch(1))
+    assert all(torch.equal(a.captions, b.captions) for a, b in zip(again, epoch))
+    assert any(not torch.equal(a.captions, b.captions) for a, b in zip(other, epoch))
+
+
 def test_batches_hold_seq_per_img_captions_and_a_fixed_order(data):
     _, prepared, grid, regions = data
     captions = load_captions(prepared)
     batches = TrainBatches(captions, Features([regions]), batch_size=5, seq_per_img=3, seed=7,
-                           bucket_by_length=True)
+                           batching="length_buckets")
     first = list(batches.epoch(0))
     assert len(first) == len(batches) == 3
     b = first[0]
@@ -312,17 +342,17 @@ def test_another_objective_name_starts_its_section_afresh(data, tmp_path):
     same = load_experiment(path, ["objective.name=xe", "objective.scheduled_sampling_max=0.5"])
     assert (same.objective.config.scheduled_sampling_start,
             same.objective.config.scheduled_sampling_max) == (2, 0.5)
-    scst = load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
+    scst = load_experiment(path, ["objective.name=scst", *cider_d("c.npz"),
                                   "objective.baseline=mean"])
     assert scst.objective.name == "scst" and scst.objective.config.baseline == "mean"
     assert scst.to_dict()["objective"] == {"name": "scst",
                                            "reward": {"name": "cider-d", "cache": "c.npz"},
                                            "samples": 5, "baseline": "mean", "temperature": 1.0}
     with pytest.raises(CapstackError, match="objective.baseline: expected one of greedy, mean"):
-        load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
+        load_experiment(path, ["objective.name=scst", *cider_d("c.npz"),
                                "objective.baseline=max"])
     with pytest.raises(CapstackError, match=r"objective.baseline: 'mean' .* needs samples >= 2"):
-        load_experiment(path, ["objective.name=scst", "objective.cider_cache=c.npz",
+        load_experiment(path, ["objective.name=scst", *cider_d("c.npz"),
                                "objective.baseline=mean", "objective.samples=1"])
 
 

@@ -160,3 +160,16 @@ def mean_xe(logits, targets):
 def decoder_terms(model, out, targets, loc_mask):
     """The decoder's own loss terms per target token of these captions (one process)."""
     return model.loss_terms(out, targets, targets != 0, loc_mask).summed / (targets != 0).sum()
+
+
+def cider_d(cache) -> list[str]:
+    """The ``--set`` overrides that give an RL objective its CIDEr-D reward on ``cache``."""
+    return ["objective.reward.name=cider-d", f"objective.reward.cache={cache}"]
+
+
+def logged(run_dir: Path, key: str) -> list:
+    """``key`` of every train line of a run's metrics.jsonl, in order."""
+    import json
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x[key] for x in lines if x["kind"] == "train"]

@@ -122,9 +122,9 @@ def load_checkpoint(path: str | Path) -> dict:
     check_form(payload, path)
     payload["path"] = str(path)
     payload = upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
-    from trainer.config import read_old_reward  # objective.cider_cache, before rewards
+    from trainer.config import read_old_keys  # objective.cider_cache, train.betas, ...
 
-    payload["experiment"] = read_old_reward(payload["experiment"], str(path))
+    payload["experiment"] = read_old_keys(payload["experiment"], str(path))
     check_contents(payload, path)
     if not isinstance(payload.get("table"), dict):  # saved before checkpoints said it
         payload["table"] = table_labels_of(payload["experiment"])

@@ -7,7 +7,7 @@ registered class and whose other keys fill that class's own config dataclass::
     decoder: {name: soft_attention, hidden: 512, att_hidden: 512}
     objective: {name: xe}        # or {name: scst, samples: 5, reward: {name: cider-d, cache: ...}}
     data: {captions: data/prepared, features: [data/features/grid.json]}
-    train: {epochs: 10, batch_size: 50, lr: 4.0e-4}
+    train: {epochs: 10, batch_size: 50, lr: 4.0e-4}  # optimizer: {name: adam} unless given
     eval: {beam_size: 5}
 
 Everything is checked when the file is read, before a store or a model is
@@ -23,7 +23,8 @@ afresh too. Errors read ``FILE: section.key: problem``.
 
 ``objective.cider_cache: FILE``, the reward before rewards were components, is
 still read (experiment files, stages' ``--set`` and checkpoints carry it), as
-``objective.reward: {name: cider-d, cache: FILE}``, with a warning.
+``objective.reward: {name: cider-d, cache: FILE}``, with a warning; so are
+``train.betas`` and ``train.weight_decay``, as ``train.optimizer: {name: adam, ...}``.
 
 Every number of a config has a declared :class:`Bound` (``bounded(default, low,
 high)``), checked when the file is read: a whole number lies from ``low`` to
@@ -52,9 +53,10 @@ from pipeline.core.errors import CapstackError, not_utf8, too_deep
 from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURES,  # noqa: F401
                             MAX_IMAGES, MAX_REGIONS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, Bound,
                             bounded)
-from trainer.components import Component, component
+from trainer.components import Component, component, file_form
 from trainer.decoders import DECODERS
 from trainer.objectives import OBJECTIVES
+from trainer.optimizers import OPTIMIZERS
 
 SPLITS = ("train", "val", "test")
 
@@ -64,7 +66,7 @@ class DataConfig:
     captions: str  # a folder written by `capstack prepare`
     features: list[str]  # stores or the pointer jsons naming them; several are concatenated
     seq_per_img: int = bounded(5, 1, MAX_SAMPLES)
-    bucket_by_length: bool = False  # Show-Attend-Tell: batches of similar caption length
+    batching: Literal["images", "length_buckets", "one_length"] = "images"  # trainer/data.py
     max_regions: int = bounded(0, 0, MAX_REGIONS)  # 0: all
     box_geometry: bool = False  # append each region's [x1/w, y1/h, x2/w, y2/h, area] to its feature
 
@@ -78,8 +80,7 @@ class TrainConfig:
     epochs: int = bounded(10, 1, MAX_EPOCHS)
     batch_size: int = bounded(50, 1, MAX_BATCH)  # images; each brings seq_per_img captions
     lr: float = bounded(4e-4, above=0)
-    betas: list[float] = bounded(low=0, below=1, default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = bounded(0.0, 0)
+    optimizer: Component = component(OPTIMIZERS, default_factory=lambda: _adam())
     grad_clip: float = bounded(5.0, 0)  # max gradient norm; 0 disables
     lr_decay_every: int = bounded(0, 0, MAX_EPOCHS)  # epochs; 0 keeps lr constant
     lr_decay_rate: float = bounded(0.8, above=0, high=1)
@@ -94,8 +95,6 @@ class TrainConfig:
     tensorboard: bool = False  # TensorBoard events in the run's events/ (capstack[tensorboard])
 
     def check(self):
-        if len(self.betas) != 2:
-            yield "betas: expected two numbers"
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             yield f"device: unknown device {self.device!r} (auto, cpu, cuda, cuda:N, mps)"
 
@@ -106,6 +105,11 @@ class EvalConfig:
     max_len: int = bounded(16, 1, MAX_CAPTION_WORDS)
     split: Literal["train", "val", "test"] = "test"
     figures: int = bounded(4, 0, MAX_FIGURES)  # attention figures of the first N evaluated images
+    max_refs: int = bounded(0, 0, MAX_SAMPLES)  # each image's first N references scored; 0: all
+
+
+def _adam() -> Component:
+    return Component("adam", OPTIMIZERS.get("adam").Config())
 
 
 def _xe() -> Component:
@@ -125,7 +129,7 @@ class ExperimentConfig:
         """The experiment in its file form (what checkpoints and config.json record)."""
         return {"name": self.name, "decoder": self.decoder.to_dict(),
                 "data": dataclasses.asdict(self.data), "objective": self.objective.to_dict(),
-                "train": dataclasses.asdict(self.train), "eval": dataclasses.asdict(self.eval)}
+                "train": file_form(self.train), "eval": dataclasses.asdict(self.eval)}
 
 
 # ------------------------------------------------------------------------- reading
@@ -151,17 +155,22 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping at the top level")
     refuse_old_form(data, str(path))
-    data = read_old_reward(data, str(path))
+    data = read_old_keys(data, str(path))
     for item in overrides:
         refuse_old_override(item)
-        for each in old_reward_override(item):
+        for each in old_reward_override(old_optimizer_override(item)):
             apply_override(data, each, str(path), ExperimentConfig)
     return experiment_from_dict(data, str(path))
 
 
+def read_old_keys(data: dict, where: str) -> dict:
+    """Keys an experiment had before their settings moved, in their places now."""
+    return read_old_batching(read_old_optimizer(read_old_reward(data, where), where), where)
+
+
 def experiment_from_dict(data: dict, where: str) -> ExperimentConfig:
     """A checked experiment from its file form (a checkpoint's ``experiment`` too)."""
-    config = from_dict(ExperimentConfig, read_old_reward(data, where), where)
+    config = from_dict(ExperimentConfig, read_old_keys(data, where), where)
     check_pairing(config, where)
     return config
 
@@ -455,6 +464,64 @@ def read_old_reward(data: dict, where: str) -> dict:
     return {**data, "objective": {("reward" if k == "cider_cache" else k):
                                   (reward if k == "cider_cache" else v)
                                   for k, v in objective.items()}}
+
+
+# ------------------------------------------------------------------------- the optimiser's old keys
+
+OLD_OPTIMIZER_KEYS = ("betas", "weight_decay")  # train.<key> -> train.optimizer.<key> (Adam's)
+OLD_OPTIMIZER = ("train.betas and train.weight_decay are train.optimizer.betas and "
+                 "train.optimizer.weight_decay now, the settings of train.optimizer: {name: adam} "
+                 "(read as that; write them so)")
+
+
+def read_old_optimizer(data: dict, where: str) -> dict:
+    """``train.betas`` / ``train.weight_decay``, Adam's settings from before the optimiser was
+    a component, as ``train.optimizer: {name: adam, ...}``, with a warning (experiment files
+    and checkpoints carry them). Beside a ``train.optimizer`` they are refused."""
+    train = data.get("train")
+    if not isinstance(train, dict) or not any(k in train for k in OLD_OPTIMIZER_KEYS):
+        return data
+    old = {k: train[k] for k in OLD_OPTIMIZER_KEYS if k in train}
+    if "optimizer" in train:
+        raise CapstackError(f"{where}: train.{next(iter(old))}: train.optimizer names the "
+                            f"optimiser already; give its settings there")
+    warnings.warn(OLD_OPTIMIZER, FutureWarning)
+    kept = {k: v for k, v in train.items() if k not in OLD_OPTIMIZER_KEYS}
+    return {**data, "train": {**kept, "optimizer": {"name": "adam", **old}}}
+
+
+def old_optimizer_override(item: str) -> str:
+    """``train.betas=...`` as ``train.optimizer.betas=...``, with a warning."""
+    key, _, value = item.partition("=")
+    section, _, rest = key.partition(".")
+    if section != "train" or rest not in OLD_OPTIMIZER_KEYS:
+        return item
+    warnings.warn(OLD_OPTIMIZER, FutureWarning)
+    return f"train.optimizer.{rest}={value}"
+
+
+# ------------------------------------------------------------------------- batching's old key
+
+OLD_BATCHING = ("data.bucket_by_length is data.batching now: length_buckets for true, images "
+                "for false (read as that; write it so)")
+
+
+def read_old_batching(data: dict, where: str) -> dict:
+    """``data.bucket_by_length: BOOL``, from before batching had three kinds, as
+    ``data.batching``: silently when false (what every checkpoint of then says), with a
+    warning when true."""
+    section = data.get("data")
+    if not isinstance(section, dict) or "bucket_by_length" not in section:
+        return data
+    bucket = section["bucket_by_length"]
+    if "batching" in section:
+        raise CapstackError(f"{where}: data.bucket_by_length: data.batching says how batches "
+                            f"are made already; drop bucket_by_length")
+    if bucket:
+        warnings.warn(OLD_BATCHING, FutureWarning)
+    kept = {k: v for k, v in section.items() if k != "bucket_by_length"}
+    return {**data, "data": {**kept, "batching": "length_buckets" if bucket is True else
+                             "images" if bucket is False else bucket}}
 
 
 def old_reward_override(item: str) -> list[str]:

@@ -30,8 +30,9 @@ from trainer.batch import EvalBatch, Share, TrainBatch
 
 log = logging.getLogger(__name__)
 
-BUCKET_SPAN = 50
-GEOMETRY_DIM = 5  # batches whose images are sorted by caption length together
+BUCKET_SPAN = 50  # batches whose images are sorted by caption length together
+GEOMETRY_DIM = 5
+BATCHINGS = ("images", "length_buckets", "one_length")
 
 
 def caption_tensor(labels: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
@@ -175,28 +176,59 @@ class TrainBatches:
     batches, whose union changes with the number of ranks.) A batch with fewer
     images than ranks leaves some ranks without: they run its first image with
     weight 0, so that every rank takes part in the gradient all-reduce.
+
+    ``batching`` says what a batch is:
+
+    - ``images`` (the default): ``batch_size`` images in a random order, each with
+      ``seq_per_img`` of its captions;
+    - ``length_buckets``: the same, images of similar mean caption length together;
+    - ``one_length``: Show, Attend and Tell's minibatches, ``batch_size x seq_per_img``
+      captions of one length (after truncation), each with its own image (an image may come
+      twice), every caption of the split once per epoch.
     """
 
     def __init__(self, captions: Captions, features: Features, *, batch_size: int,
-                 seq_per_img: int, seed: int, bucket_by_length: bool = False, split: str = "train",
+                 seq_per_img: int, seed: int, batching: str = "images", split: str = "train",
                  ranks: Ranks = Ranks()):
         self.captions, self.features = captions, features
         self.rows = captions.rows(split)
         if len(self.rows) == 0:
             raise CapstackError(f"{captions.folder}: the {split} split has no images")
+        if batching not in BATCHINGS:
+            raise CapstackError(f"batching: expected one of {', '.join(BATCHINGS)}, "
+                                f"got {batching!r}")
         self.batch_size, self.seq_per_img = batch_size, seq_per_img
-        self.seed, self.bucket = seed, bucket_by_length
+        self.seed, self.batching = seed, batching
         self.ranks = ranks
         self.all_captions = caption_tensor(captions.labels, captions.lengths)
+        if batching == "one_length":
+            self.caption_rows, self.caption_images = self.captions_of(self.rows)
+
+    def captions_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every caption row of image ``rows``, and the image row of each."""
+        start, end = self.captions.label_start[rows], self.captions.label_end[rows]
+        images = np.repeat(rows, end - start)
+        captions = np.concatenate([np.arange(a, b) for a, b in zip(start, end)] or [[]])
+        order = np.argsort(captions, kind="stable")  # sorted: batch() looks images up in it
+        return captions.astype(np.int64)[order], images[order]
 
     def __len__(self) -> int:
+        if self.batching == "one_length":
+            return sum(-(-n // self.captions_per_batch) for n in np.unique(
+                self.captions.lengths[self.caption_rows], return_counts=True)[1])
         return -(-len(self.rows) // self.batch_size)
 
+    @property
+    def captions_per_batch(self) -> int:
+        return self.batch_size * self.seq_per_img
+
     def order(self, epoch: int) -> list[np.ndarray]:
-        """The epoch's batches as arrays of image rows."""
+        """The epoch's batches as arrays of image rows (``one_length``: of caption rows)."""
         rng = np.random.default_rng([self.seed, epoch])
+        if self.batching == "one_length":
+            return self.one_length_order(rng)
         rows = rng.permutation(self.rows)
-        if not self.bucket:
+        if self.batching == "images":
             return np.array_split(rows, range(self.batch_size, len(rows), self.batch_size))
         mean_len = self.mean_caption_length(rows)
         span = self.batch_size * BUCKET_SPAN
@@ -204,6 +236,18 @@ class TrainBatches:
         for start in range(0, len(rows), span):
             chunk = rows[start:start + span][np.argsort(mean_len[start:start + span], kind="stable")]
             batches += np.array_split(chunk, range(self.batch_size, len(chunk), self.batch_size))
+        return [batches[k] for k in rng.permutation(len(batches))]
+
+    def one_length_order(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """Caption rows grouped by length, each group shuffled and cut into batches, the
+        batches of every length shuffled together."""
+        captions = rng.permutation(self.caption_rows)
+        lengths = self.captions.lengths[captions]
+        n = self.captions_per_batch
+        batches = []
+        for length in np.unique(lengths):
+            same = captions[lengths == length]
+            batches += np.array_split(same, range(n, len(same), n))
         return [batches[k] for k in rng.permutation(len(batches))]
 
     def mean_caption_length(self, rows: np.ndarray) -> np.ndarray:
@@ -218,9 +262,15 @@ class TrainBatches:
                 yield self.batch(rows, np.random.default_rng([self.seed, epoch, index]), index)
 
     def batch(self, rows: np.ndarray, rng: np.random.Generator, index: int = 0) -> TrainBatch:
-        """The global batch ``rows``' captions, then this rank's part of it with its features."""
-        s = self.seq_per_img
-        captions = self.all_captions[np.concatenate([self.pick_captions(r, rng) for r in rows])]
+        """The global batch ``rows``' captions, then this rank's part of it with its features
+        (``one_length``: ``rows`` are caption rows, one caption for each image)."""
+        if self.batching == "one_length":
+            s, picked = 1, rows
+            rows = self.caption_images[np.searchsorted(self.caption_rows, picked)]
+        else:
+            s = self.seq_per_img
+            picked = np.concatenate([self.pick_captions(r, rng) for r in rows])
+        captions = self.all_captions[picked]
         part, weight = self.ranks.share(len(rows)), 1.0
         if part.start == part.stop:  # fewer images than ranks: pad with weight 0
             part, weight = slice(0, 1), 0.0

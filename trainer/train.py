@@ -49,12 +49,13 @@ from pipeline.core.ranks import Ranks, join
 from pipeline.core.runlock import exclusive_beside
 from trainer.checkpoint import (check_identity, identity, load_checkpoint, save_checkpoint,
                                 table_labels)
-from trainer.config import ExperimentConfig
+from trainer.config import ExperimentConfig, experiment_from_dict
 from trainer.data import Features, TrainBatches, covered
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
 from trainer.evaluation.validate import validate
 from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
+from trainer.optimizers import build_optimizer
 from trainer.runs import RunRecord
 
 log = logging.getLogger(__name__)
@@ -143,16 +144,16 @@ class Run:
                                             self.features.feature_dim).to(self.device)
         self.batches = TrainBatches(self.captions, self.features, batch_size=t.batch_size,
                                     seq_per_img=config.data.seq_per_img, seed=t.seed,
-                                    bucket_by_length=config.data.bucket_by_length, ranks=ranks)
+                                    batching=config.data.batching, ranks=ranks)
         self.objective = build_objective(config.objective.name, config.objective.config,
                                          Setting(self.captions, t.max_len, self.device,
                                                  epoch_batches=len(self.batches)))
         self.objective.to(self.device)
         self.objective.bind(self.model)
-        self.optimizer = torch.optim.Adam(
+        self.optimizer = build_optimizer(
+            t.optimizer.name, t.optimizer.config,
             [{"params": params, "name": name}
-             for name, params in self.model.parameter_groups().items()],
-            lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+             for name, params in self.model.parameter_groups().items()], t.lr)
         self.scheduler = torch.optim.lr_scheduler.StepLR(
             self.optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
         self.epoch, self.batch, self.step = 0, 0, 0
@@ -255,7 +256,10 @@ class Run:
 
     def check_recipe(self, saved: dict, path: Path) -> None:
         """A run resumes only with the training settings it was started with (more epochs,
-        another device or checkpoint interval excepted): a changed lr is another run."""
+        another device or checkpoint interval excepted): a changed lr is another run. The
+        saved experiment is read as any experiment first, so a setting added since it was
+        saved compares as its default."""
+        saved = experiment_from_dict(saved, str(path)).to_dict()
         now = self.config.to_dict()
         for section in RECIPE:
             old, new = saved.get(section, {}), now[section]
@@ -394,6 +398,8 @@ class Run:
                 "steps": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch}
 
     def close(self) -> None:
+        """What the run holds beyond memory: the event log, the objective's scorer process."""
+        self.objective.close()
         if self.events is not None:
             self.events.close()
 

@@ -3,8 +3,9 @@
 ``OUT_DIR`` after ``prepare_captions``:
 
 ``vocab.json``
-    :class:`pipeline.captions.vocab.Vocabulary` built on the train split (``restval``
-    counts as train).
+    :class:`pipeline.captions.vocab.Vocabulary`, its words chosen by the vocabulary rule
+    (pipeline/captions/vocab_rules.py; by default the train split's, ``restval`` counting
+    as train). With ``restval="drop"`` the restval images are left out of every file.
 ``captions.h5``
     images in the json's order, captions in each image's order:
 
@@ -17,7 +18,8 @@
                                               attribute ``split_names`` names the codes
     ============  =========================  ==========================================
 
-    attributes: ``max_len``, ``min_count``, ``vocab_size``, ``dataset``, ``dataset_json``.
+    attributes: ``max_len``, ``min_count``, ``vocab_rule``, ``restval``, ``vocab_size``,
+    ``dataset``, ``dataset_json``.
 ``refs_{split}.json``
     the split's references, untruncated, in the COCO caption-annotation format
     pycocoevalcap's ``COCO()`` reads.
@@ -32,6 +34,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -40,6 +43,7 @@ import numpy as np
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
 from pipeline.captions.prepared import SPLIT_CODES, write_checksums
 from pipeline.captions.vocab import UNK_ID, Vocabulary
+from pipeline.captions.vocab_rules import DEFAULT_RULE, VOCAB_RULES
 from pipeline.core.atomic import atomic_dir, check_replaceable
 from pipeline.core.errors import CapstackError
 
@@ -47,8 +51,12 @@ OUT_SPLITS = ("train", "val", "test")
 SPLIT_CODE = {**SPLIT_CODES, "restval": SPLIT_CODES["train"]}  # restval counts as train
 
 
+RESTVAL = ("train", "drop")  # what restval images are: train images, or left out
+
+
 def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count: int = 5,
-                     max_len: int = 16, progress: bool = False, force: bool = False) -> dict:
+                     max_len: int = 16, vocab_rule: str = DEFAULT_RULE, restval: str = "train",
+                     progress: bool = False, force: bool = False) -> dict:
     """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts.
 
     An existing ``out_dir`` that capstack did not write is refused unless ``force``."""
@@ -56,16 +64,21 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
         raise CapstackError(f"prepare: --min-count must be at least 1, got {min_count}")
     if max_len < 1:
         raise CapstackError(f"prepare: --max-len must be at least 1, got {max_len}")
+    rule = VOCAB_RULES.get(vocab_rule)  # an unknown rule is named before any file is read
+    if restval not in RESTVAL:
+        raise CapstackError(f"prepare: --restval must be one of {', '.join(RESTVAL)}, "
+                            f"got {restval!r}")
     check_replaceable(Path(out_dir).resolve(), force=force, inputs=(dataset_json,))
     dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
-    vocab = Vocabulary.build(
-        (s.tokens for im in dataset.split("train") for s in im.sentences), min_count)
+    if restval == "drop":
+        dataset = without_restval(dataset)
+    vocab = rule(dataset, min_count)
     labels, lengths, starts, ends = encode_captions(dataset, vocab, max_len, progress)
-    summary = _summary(dataset, vocab, max_len, min_count)
+    summary = {**_summary(dataset, vocab, max_len, min_count), "restval": restval}
     with atomic_dir(out_dir, force=force, inputs=(dataset_json,)) as tmp:
         vocab.save(tmp / "vocab.json")
         _write_captions_h5(tmp / "captions.h5", dataset, vocab, labels, lengths, starts, ends,
-                           max_len, min_count, str(dataset_json))
+                           max_len, min_count, str(dataset_json), restval)
         for split in OUT_SPLITS:
             images = dataset.split(split)
             _write_json(tmp / f"refs_{split}.json", coco_references(images, dataset.name))
@@ -75,6 +88,16 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
         _write_json(tmp / "summary.json", summary)
         write_checksums(tmp)  # last: the md5 of every file above, checked by load_captions
     return summary
+
+
+def without_restval(dataset: KarpathyDataset) -> KarpathyDataset:
+    """The dataset without its restval images (COCO's 82,783 train images, as Show, Attend and
+    Tell trains on), the others renumbered in their order: an image's index is its row."""
+    kept = [im for im in dataset.images if im.split != "restval"]
+    if not any(im.split == "train" for im in kept):
+        raise CapstackError(f"{dataset.path}: --restval drop leaves no train image")
+    return dataclasses.replace(dataset, images=tuple(
+        dataclasses.replace(im, index=k) for k, im in enumerate(kept)))
 
 
 def encode_captions(dataset: KarpathyDataset, vocab: Vocabulary, max_len: int,
@@ -112,7 +135,7 @@ def coco_references(images, dataset_name: str) -> dict:
 
 
 def _write_captions_h5(path, dataset, vocab, labels, lengths, starts, ends, max_len, min_count,
-                       dataset_json):
+                       dataset_json, restval="train"):
     import h5py
 
     with h5py.File(path, "w") as f:
@@ -125,7 +148,8 @@ def _write_captions_h5(path, dataset, vocab, labels, lengths, starts, ends, max_
         split = f.create_dataset("split", data=np.array(
             [SPLIT_CODE[im.split] for im in dataset.images], dtype=np.uint8))
         split.attrs["split_names"] = list(OUT_SPLITS)
-        f.attrs.update({"max_len": max_len, "min_count": min_count, "vocab_size": len(vocab),
+        f.attrs.update({"max_len": max_len, "min_count": min_count, "vocab_rule": vocab.rule,
+                        "restval": restval, "vocab_size": len(vocab),
                         "dataset": dataset.name, "dataset_json": dataset_json})
 
 
@@ -140,6 +164,7 @@ def _summary(dataset, vocab, max_len, min_count) -> dict:
         "truncated": sum(len(s.tokens) > max_len for im in dataset.images for s in im.sentences),
         "max_len": max_len,
         "min_count": min_count,
+        "vocab_rule": vocab.rule,
     }
 
 

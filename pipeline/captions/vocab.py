@@ -1,9 +1,10 @@
 """The vocabulary: words <-> ids, with four special tokens first.
 
 ``<pad>`` = 0 pads label rows, ``<bos>`` = 1 starts decoding, ``<eos>`` = 2 ends
-a caption, ``<unk>`` = 3 stands for every word seen fewer than ``min_count``
-times in the train split. Words follow by count (descending), ties
-alphabetical, so the same captions always give the same ids.
+a caption, ``<unk>`` = 3 stands for every word the vocabulary does not keep. Which words
+it keeps, and in which order, is its rule's (pipeline/captions/vocab_rules.py: by default
+the train split's words seen at least ``min_count`` times, by count, ties alphabetical), so
+the same captions always give the same ids.
 
 A caption word spelled like a special token (``<eos>`` in a dataset's tokens) is a word, not
 the token: it is encoded as ``<unk>`` (never as the special id, which would end or pad the
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -30,18 +30,12 @@ def digest_words(itow: Sequence[str]) -> str:
 
 class Vocabulary:
     def __init__(self, words: Sequence[str], counts: dict[str, int] | None = None,
-                 min_count: int = 1):
+                 min_count: int = 1, rule: str = "capstack"):
         self.itow = list(SPECIALS) + [w for w in words if w not in SPECIALS]
         self.wtoi = {w: i for i, w in enumerate(self.itow)}
         self.counts = dict(counts or {})
         self.min_count = min_count
-
-    @classmethod
-    def build(cls, token_lists: Iterable[Sequence[str]], min_count: int) -> "Vocabulary":
-        counts = Counter(t for tokens in token_lists for t in tokens)
-        kept = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
-                      key=lambda w: (-counts[w], w))
-        return cls(kept, {w: counts[w] for w in kept}, min_count)
+        self.rule = rule  # the vocabulary rule that chose the words (vocab_rules.py)
 
     def __len__(self) -> int:
         return len(self.itow)
@@ -72,6 +66,7 @@ class Vocabulary:
 
     def to_json(self) -> dict:
         return {"itow": self.itow, "counts": self.counts, "min_count": self.min_count,
+                "rule": self.rule,
                 "specials": {"pad": PAD_ID, "bos": BOS_ID, "eos": EOS_ID, "unk": UNK_ID}}
 
     @classmethod
@@ -80,7 +75,8 @@ class Vocabulary:
         if not isinstance(itow, list) or list(itow[:4]) != list(SPECIALS):
             raise CapstackError(f'{source}: "itow" must be a list starting with '
                                 f"{', '.join(SPECIALS)}")
-        return cls(itow[4:], data.get("counts"), data.get("min_count", 1))
+        return cls(itow[4:], data.get("counts"), data.get("min_count", 1),
+                   data.get("rule", "capstack"))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))

@@ -2,11 +2,17 @@
 
 ``h_0 = W_I mean(v)``: the image enters only through the initial state, and
 the GRU's update gate keeps gradients from vanishing along the caption.
+
+The cell: ``cell: report`` is the report's own equations (trainer/modules/report_gru.py:
+the relevance gate applied to c_{t-1} before the candidate's product); ``cell: torch``
+(the default, kept for runs made before the report's cell) is ``nn.GRUCell``, which applies
+it after. The paper blocks (configs/coco/gru_baseline/) ask for ``report``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from torch import Tensor, nn
 
@@ -14,6 +20,7 @@ from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, State
 from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
+from trainer.modules.report_gru import ReportGRUCell
 
 
 @dataclass
@@ -21,6 +28,7 @@ class GRUInitConfig(DecoderConfig):
     embed: int = 512
     hidden: int = 512
     dropout: float = 0.5
+    cell: Literal["torch", "report"] = "torch"  # nn.GRUCell, or the report's equations
 
 
 @DECODERS.register("gru_init")
@@ -34,7 +42,8 @@ class GRUInit(Decoder):
         super().__init__(config, vocab_size, feature_dim)
         self.init_proj = nn.Linear(feature_dim, config.hidden)
         self.word_embed = nn.Embedding(vocab_size, config.embed)
-        self.gru = nn.GRUCell(config.embed, config.hidden)
+        cell = ReportGRUCell if config.cell == "report" else nn.GRUCell
+        self.gru = cell(config.embed, config.hidden)
         self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(config.hidden, vocab_size)
 

@@ -23,7 +23,7 @@ class ShowTellConfig(DecoderConfig):
     hidden: int = 512
     layers: int = 1
     dropout: float = 0.5
-    image_norm: bool = True  # batch-normalise the image embedding (im2txt's encoder does)
+    image_norm: bool = True  # batch-normalise the image embedding (im2txt's is a plain linear map)
 
 
 class ImageBatchNorm(nn.BatchNorm1d):

@@ -47,13 +47,13 @@ def eval_settings(saved: EvalConfig, **given) -> EvalConfig:
 
 def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: str | None = None,
                         beam_size: int | None = None, max_len: int | None = None,
-                        figures: int | None = None, device: str = "auto",
-                        spice: bool = True) -> dict:
+                        figures: int | None = None, max_refs: int | None = None,
+                        device: str = "auto", spice: bool = True) -> dict:
     """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given."""
     ckpt = load_checkpoint(checkpoint)
     model, vocab, config = load_model(ckpt)
     s = eval_settings(config.eval, split=split, beam_size=beam_size, max_len=max_len,
-                      figures=figures)
+                      figures=figures, max_refs=max_refs)
     captions = load_captions(config.data.captions)
     features = Features(config.data.features, config.data.max_regions, config.data.box_geometry)
     captions = covered(captions, features)
@@ -68,7 +68,8 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
     write_json(out_dir / f"results_{s.split}.json",
                [{"image_id": p.image_id, "caption": " ".join(p.words)} for p in preds])
     references = load_references(captions.references_path(s.split))
-    scores = score({p.image_id: " ".join(p.words) for p in preds}, references, spice=spice)
+    scores = score({p.image_id: " ".join(p.words) for p in preds}, references, spice=spice,
+                   max_refs=s.max_refs)
     metrics = {"approach": config.name, "objective": config.objective.name, **ckpt["table"],
                **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
                "epoch": ckpt["best_epoch"] + 1}

@@ -253,9 +253,11 @@ def _run_scorer(names: tuple[str, ...], scorer: _Scorer, gts: dict, res: dict,
 
 
 def score(candidates: dict[int, str], references: dict[int, list[str]], *,
-          spice: bool = True) -> dict:
-    """Tokenize, then score every metric in ALL_METRICS (None + reason where one cannot run)."""
-    refs = _check_inputs(candidates, references)
+          spice: bool = True, max_refs: int = 0) -> dict:
+    """Tokenize, then score every metric in ALL_METRICS (None + reason where one cannot run).
+    ``max_refs``: against each image's first that many references (0: all of them; Show,
+    Attend and Tell scores against 5 of COCO's 5 to 7)."""
+    refs = first_references(_check_inputs(candidates, references), max_refs)
     merged: dict[Hashable, list[str]] = {("c", k): [v] for k, v in candidates.items()}
     merged.update({("r", k): v for k, v in refs.items()})
     tokenized, tokenizer = _tokenize_any(merged)  # one Java start for both sides
@@ -270,7 +272,14 @@ def score(candidates: dict[int, str], references: dict[int, list[str]], *,
         else:
             _run_scorer(names, scorer, gts, res, metrics, unavailable)
     return {"metrics": metrics, "unavailable": unavailable, "tokenizer": tokenizer,
-            "images": len(candidates)}
+            "images": len(candidates), "max_refs": max_refs}
+
+
+def first_references(references: dict[int, list[str]], n: int) -> dict[int, list[str]]:
+    """Each image's first ``n`` references, in their file's order (0: all)."""
+    if n < 0:
+        raise CapstackError(f"max_refs: must be 0 (all) or more, got {n}")
+    return {k: list(v[:n] if n else v) for k, v in references.items()}
 
 
 # ---------------------------------------------------------------- files
@@ -338,12 +347,12 @@ def load_references(path: str | Path) -> dict[int, list[str]]:
 
 
 def score_files(results_path: str | Path, references_path: str | Path, *,
-                spice: bool = True) -> dict:
+                spice: bool = True, max_refs: int = 0) -> dict:
     """Score a COCO results file against a COCO references file."""
     candidates = load_results(results_path)
     references = load_references(references_path)
     try:
-        scored = score(candidates, references, spice=spice)
+        scored = score(candidates, references, spice=spice, max_refs=max_refs)
     except CapstackError as exc:
         raise CapstackError(f"{where(results_path)}: {exc} (references: {references_path})") \
             from None

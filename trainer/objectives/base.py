@@ -116,6 +116,10 @@ class Objective:
             optimizer.load_state_dict(state["optimizers"][name])
         self.load_extra_state(state.get("extra", {}))
 
+    def close(self) -> None:
+        """Let go of what it holds beyond memory (a reward's scorer process) when training
+        ends; nothing by default."""
+
     def to(self, device: torch.device) -> "Objective":
         for module in self.modules().values():
             module.to(device)

@@ -29,10 +29,11 @@ from trainer.components import Component, component
 from trainer.decode import sample
 from trainer.decoders.base import StagedDecoder
 from trainer.objectives import OBJECTIVES
-from trainer.objectives.base import Objective, Setting, StepKey
+from trainer.objectives.base import StepKey
+from trainer.objectives.rewarded import RewardedObjective
 from trainer.objectives.scst import (generated_mask, greedy_decode, mean_part, scst_loss,
                                      words_and_lengths)
-from trainer.rewards import REWARDS, build_reward
+from trainer.rewards import REWARDS
 
 
 def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:
@@ -48,7 +49,7 @@ class CoarseToFineConfig:
 
 
 @OBJECTIVES.register("c2f")
-class CoarseToFine(Objective):
+class CoarseToFine(RewardedObjective):
     """Stack-Cap's coarse-to-fine reward: each fine stage against its greedy decode and the stage before."""
 
     Config = CoarseToFineConfig
@@ -56,11 +57,6 @@ class CoarseToFine(Objective):
     family = "reinforcement"
     decoder_type = StagedDecoder
     find_unused_parameters = True  # the coarse stage's output layer is in no term (eq 11)
-
-    def __init__(self, config: CoarseToFineConfig, setting: Setting, scorer=None):
-        super().__init__(config, setting)
-        self.scorer = scorer or build_reward(config.reward.name, config.reward.config,
-                                             setting.captions)
 
     def loss(self, decoder: StagedDecoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()

@@ -32,8 +32,9 @@ from trainer.components import Component, component
 from trainer.decode import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
-from trainer.objectives.base import Objective, Setting, StepKey
-from trainer.rewards import REWARDS, Reward, build_reward
+from trainer.objectives.base import StepKey
+from trainer.objectives.rewarded import RewardedObjective
+from trainer.rewards import REWARDS
 
 
 def words_and_lengths(tokens: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -99,20 +100,12 @@ class SelfCriticalConfig:
 
 
 @OBJECTIVES.register("scst")
-class SelfCritical(Objective):
+class SelfCritical(RewardedObjective):
     """Self-critical sequence training: CIDEr-D of samples against the greedy decode (or the mean)."""
 
     Config = SelfCriticalConfig
     label = "SCST"
     family = "reinforcement"
-
-    def __init__(self, config: SelfCriticalConfig, setting: Setting,
-                 scorer: Reward | None = None):
-        """``scorer``: a reward to use rather than building ``config.reward`` (tests,
-        benchmarks)."""
-        super().__init__(config, setting)
-        self.scorer = scorer or build_reward(config.reward.name, config.reward.config,
-                                             setting.captions)
 
     def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()

@@ -1,0 +1,33 @@
+"""Adam (Kingma & Ba 2015): the papers' optimiser, and capstack's default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.bounds import bounded
+from trainer.optimizers import OPTIMIZERS
+
+
+@dataclass
+class AdamConfig:
+    betas: list[float] = bounded(low=0, below=1, default_factory=lambda: [0.9, 0.999])
+    eps: float = bounded(1e-8, above=0)
+    weight_decay: float = bounded(0.0, 0)  # L2, added to the gradient (torch.optim.Adam's)
+
+    def check(self):
+        if len(self.betas) != 2:
+            yield "betas: expected two numbers"
+
+
+@OPTIMIZERS.register("adam")
+class Adam:
+    """Adam: moving averages of the gradient and its square (torch.optim.Adam)."""
+
+    Config = AdamConfig
+
+    @staticmethod
+    def build(config: AdamConfig, groups, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.Adam(groups, lr=lr, betas=tuple(config.betas), eps=config.eps,
+                                weight_decay=config.weight_decay)
