@@ -296,7 +296,8 @@ def _report_job(result) -> None:
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--backbone", default="resnet101", show_default=True,
-              help="resnet18/34/50/101/152 (torchvision), or resnet10 (small, for demos).")
+              help="resnet18/34/50/101/152 or vgg19 (torchvision), or resnet10 (small, for "
+                   "demos).")
 @click.option("--weights", default=None,
               help="torchvision state_dict file, or 'random' [torchvision's cache location].")
 @click.option("--image-size", default=448, show_default=True, type=click.IntRange(32, MAX_SIDE))
@@ -304,13 +305,13 @@ def _report_job(result) -> None:
               type=click.IntRange(1, 64))
 @click.option("--layer", type=NamesOf("pipeline.vision.backbones:GRID_LAYERS"),
               default="layer4", show_default=True,
-              help="The ResNet stage whose map is pooled: layer4 (stride 32; Stack-Cap's 14x14x2048 "
-                   "at 448) or layer3 (stride 16; 14x14x1024 at 224, Show-Attend-Tell's grid "
-                   "and HACap's input).")
+              help="The stage whose map is pooled: a ResNet's layer4 (stride 32; Stack-Cap's "
+                   "14x14x2048 at 448) or layer3 (stride 16; 14x14x1024 at 224, HACap's input), "
+                   "or vgg19's conv5_4 (stride 16; Show-Attend-Tell's 14x14x512 at 224).")
 @_store_options
 def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer, batch_size,
                      workers, device, images_outside_root, nproc, **options):
-    """ResNet grid features (a stage's map, layer4 or layer3, pooled to GRID x GRID) into a store."""
+    """Grid features (a stage's map: layer4, layer3, conv5_4; pooled to GRID x GRID), stored."""
     hand_over_to_torchrun(nproc)
     from pipeline.features.extract.grid import GRID, extract_grid
 

@@ -73,6 +73,42 @@ def test_layer3_pools_the_stride_16_map(shapes, tmp_path):
     assert np.allclose(store.get(0).features, expected.numpy(), atol=1e-4)
 
 
+def test_vgg19_conv5_4_is_show_attend_tells_grid(shapes, tmp_path):
+    """--backbone vgg19 --layer conv5_4: VGG-19's 4th conv of the 5th block with its ReLU,
+    before the 5th pool (stride 16: 4x4 at 64 px, 14x14x512 at 224), pooled; the user's
+    state_dict loads without its classifier, and a ResNet layer is refused for it."""
+    import torch
+
+    from pipeline.vision.backbones import Weights, build_vgg, load_vgg
+    from pipeline.vision.images import grid_transform, load_rgb
+
+    weights = tmp_path / "vgg19.pth"
+    torch.manual_seed(5)
+    features = {k: v for k, v in build_vgg("vgg19").state_dict().items()
+                if k.startswith("features.")}  # no classifier: only the convolutions are used
+    torch.save(features, weights)
+    settings = GridSettings("vgg19", str(weights), 64, grid=2, dtype="float32", layer="conv5_4")
+    store = open_store(extract(shapes, tmp_path / "f", settings).store)
+    producer = store.meta["producer"]
+    assert (producer["settings"]["layer"], producer["settings"]["layer_map"]) == ("conv5_4", 4)
+    assert store.meta["fields"]["features"]["shape"] == ["N", 512]
+    model = load_vgg("vgg19", Weights(str(weights), "md5")).eval()
+    trunk = model.features[:36]
+    assert isinstance(trunk[-1], torch.nn.ReLU) and trunk[-2].out_channels == 512
+    image = grid_transform(64)(load_rgb(shapes[0] / "images" / "shapes_000000.png"))
+    with torch.no_grad():
+        fmap = trunk(image[None])
+    assert fmap.shape[-2:] == (4, 4)
+    expected = torch.nn.functional.adaptive_avg_pool2d(fmap, 2).flatten(2).transpose(1, 2)[0]
+    assert np.allclose(store.get(0).features, expected.numpy(), atol=1e-4)
+    with pytest.raises(CapstackError, match="--layer layer3 is not a layer of vgg19 "
+                                            r"\(choose conv5_4\)"):
+        extract(shapes, tmp_path / "g", GridSettings("vgg19", "random", 64, 2, layer="layer3"))
+    with pytest.raises(CapstackError, match="--layer conv5_4 is not a layer of resnet18"):
+        extract(shapes, tmp_path / "g", GridSettings("resnet18", "random", 64, 2,
+                                                      layer="conv5_4"))
+
+
 def test_an_unknown_layer_is_refused(shapes, tmp_path):
     with pytest.raises(CapstackError, match="unknown grid layer 'layer2'"):
         extract(shapes, tmp_path, GridSettings("resnet18", "random", 64, 2, layer="layer2"))

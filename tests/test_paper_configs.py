@@ -71,8 +71,9 @@ def test_stack_caps_lstm_baseline_has_no_batch_norm_on_the_image():
 
 def test_stack_caps_rl_takes_one_monte_carlo_sample():
     """Eqs 12-15: one sampled caption per stage against its greedy decode."""
-    rl = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]["rl"]["do"]
-    assert rl["params"]["samples"] == 1 and "--set objective.samples=${samples}" in rl["cmd"]
+    rl = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]["rl"]
+    assert all(v["samples"] == 1 for k, v in rl["foreach"].items() if "+5samples" not in k)
+    assert "--set objective.samples=${item.samples}" in rl["do"]["cmd"]
 
 
 def test_stack_cap_grid_is_resnet101_layer4_at_448_pooled_to_14x14():
@@ -85,9 +86,11 @@ def test_stack_cap_rl_is_adam_5e5_scst_and_c2f_from_the_best_xe_checkpoint():
     stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
     rl = stages["rl"]
     assert rl["do"]["params"]["lr"] == 5e-5
-    assert {k: v["objective"] for k, v in rl["foreach"].items()} == {
+    paper = {k: v for k, v in rl["foreach"].items() if "/variants/" not in k}
+    assert {k: v["objective"] for k, v in paper.items()} == {
         f"stack_cap/{n}": ("c2f" if n.startswith("stack_cap") else "scst") for n in STACK_CAP}
-    assert "train.init_from=coco/runs/${key}/best.pt" in rl["do"]["cmd"]
+    assert all(v["xe"] == k for k, v in paper.items())  # each from its own XE run
+    assert "train.init_from=coco/runs/${item.xe}/best.pt" in rl["do"]["cmd"]
 
 
 def test_the_coco_vocabulary_is_self_critical_pytorchs_at_threshold_5():  # Stack-Cap's 9,487
@@ -108,12 +111,16 @@ def test_show_attend_tell(path):
         assert config["eval"]["max_refs"] == 5  # scored against 5 references
         assert config["train"]["optimizer"]["name"] == ("rmsprop" if "flickr8k" in path
                                                         else "adam")  # "RMSProp ... Flickr8k"
+        dataset = path.split("/")[0]
+        assert config["data"]["features"] == [f"{dataset}/features/grid-vgg.json"]
+    args = stage_args(f"{dataset}.yaml", "extract_grid_vgg")  # VGG conv5_4: 14 x 14 x 512
+    assert (args["backbone"], args["layer"], args["image-size"], args["grid"]) == (
+        "vgg19", "conv5_4", "224", "14")
     if path.startswith("coco"):  # trained on COCO's 82,783 train images: restval dropped
         stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
         prepare = stages["prepare_show_attend_tell"]
         assert "--restval drop" in prepare["cmd"] and prepare["outs"] == ["coco/prepared-82k"]
         assert soft["data"]["captions"] == hard["data"]["captions"] == "coco/prepared-82k"
-        assert config["data"]["features"][0].endswith("grid-layer3.json")  # 196 locations
     assert soft["decoder"]["doubly_stochastic"] > 0  # the doubly stochastic penalty
     assert hard["decoder"]["baseline_decay"] == 0.9  # b_k = 0.9 b_{k-1} + 0.1 log p
     assert hard["decoder"]["gate"] is False  # the hard context: the annotation itself, no beta
@@ -143,6 +150,18 @@ def test_gru_baseline():
     assert (args["backbone"], args["image-size"], args["grid"]) == ("resnet101", "256", "14")
 
 
+def test_the_gru_reports_attention_model():
+    """Section 3.2: LSTM + soft attention on 14x14x2048, attention/embedding/decoder 512, lr 4e-4,
+    30 epochs, clipping 5; on the same features as its GRU, in the same table."""
+    config = experiment("coco/gru_baseline/soft_attention.yaml")
+    decoder, train = config["decoder"], config["train"]
+    assert (decoder["embed"], decoder["hidden"], decoder["att_hidden"]) == (512, 512, 512)
+    assert (train["lr"], train["epochs"], train["grad_clip"]) == (4e-4, 30, 5.0)
+    assert config["data"]["features"] == ["coco/features/grid-256.json"]  # 14 x 14 x 2048
+    stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
+    assert "coco/evals/gru_baseline/soft_attention" in stages["tables_gru_baseline"]["cmd"]
+
+
 def test_hacap_on_flickr8k():
     config = experiment("flickr8k/hacap/hacap.yaml")
     decoder = config["decoder"]
@@ -155,3 +174,47 @@ def test_hacap_on_flickr8k():
     args = stage_args("flickr8k.yaml", "extract_grid_layer3")
     assert (args["image-size"], args["grid"], args["layer"]) == ("224", "14", "layer3")
     assert "objective.name=adversarial" in stages["adversarial_hacap"]["cmd"]
+
+
+VARIANTS = sorted((ROOT / "configs" / "coco" / "stack_cap" / "variants").glob("*.yaml"))
+
+
+def flat(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@pytest.mark.parametrize("path", VARIANTS, ids=[p.stem for p in VARIANTS])
+def test_a_variant_says_what_it_changes_and_leaves_the_paper_row_alone(path):
+    """A variant's name is its paper row's, then +WHAT; what differs from the row it extends
+    (its experiment, or its RL stage's item) is WHAT, and nothing else."""
+    base_name, _, what = path.stem.partition("+")
+    assert what, f"{path.name}: a variant is named APPROACH+WHAT"
+    variant = experiment(f"coco/stack_cap/variants/{path.name}")
+    paper = experiment(f"coco/stack_cap/{base_name}.yaml")
+    assert variant["name"] == path.stem and paper["name"] == base_name
+    changed = {k for k in set(flat(variant)) | set(flat(paper))
+               if k != "name" and flat(variant).get(k) != flat(paper).get(k)}
+    stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
+    rl = stages["rl"]["foreach"]
+    key, paper_key = f"stack_cap/variants/{path.stem}", f"stack_cap/{base_name}"
+    rl_changed = {k for k in rl[paper_key] if k not in ("xe", "base")
+                  and rl[key].get(k) != rl[paper_key][k]}
+    assert changed or rl_changed, f"{path.name} changes nothing"
+    assert all(k.rsplit(".", 1)[-1] in what for k in changed | rl_changed), (changed, rl_changed)
+    assert rl[key]["base"] == paper_key
+    assert key in stages["evaluate"]["foreach"] or f"{key}-rl" in stages["evaluate"]["foreach"]
+    assert f"coco/evals/{key}-rl" in stages["tables_stack_cap_variants"]["cmd"]
+    assert key not in stages["tables_stack_cap"]["cmd"]  # the paper's table: its rows alone
+
+
+@pytest.mark.parametrize("stages_file", ["coco.yaml", "flickr8k.yaml", "flickr30k.yaml"])
+def test_the_backbone_is_torchvisions_imagenet1k_v1_resnet101(stages_file):
+    """The papers predate torchvision's V2 weights (2021): their ResNet-101 is V1's."""
+    params = yaml.safe_load((ROOT / "configs" / stages_file).read_text())["params"]
+    assert params["backbone_weights"].endswith("resnet101-63fe2227.pth")

@@ -138,6 +138,52 @@ class ExperimentConfig:
 def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
     """Read an experiment yaml, apply ``section.key=value`` overrides, check everything."""
     path = Path(path)
+    data = extended(path, read_yaml_mapping(path), [])
+    refuse_old_form(data, str(path))
+    data = read_old_keys(data, str(path))
+    for item in overrides:
+        refuse_old_override(item)
+        for each in old_reward_override(old_optimizer_override(item)):
+            apply_override(data, each, str(path), ExperimentConfig)
+    return experiment_from_dict(data, str(path))
+
+
+def extended(path: Path, data: dict, chain: list[Path]) -> dict:
+    """``extends: OTHER.yaml`` (relative to the file): OTHER's experiment with this file's
+    keys laid over it, mapping by mapping. A component given another ``name`` is replaced
+    whole (the other's settings would not fit), as ``--set decoder.name=`` does; lists and
+    other values replace. A paper block's variant is such a file: what it changes, alone."""
+    if "extends" not in data:
+        return data
+    base = data["extends"]
+    if not isinstance(base, str) or not base:
+        raise CapstackError(f"{path}: extends: expected the path of another experiment file, "
+                            f"got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in chain or base_path == path.resolve():
+        raise CapstackError(f"{path}: extends: {base} extends this file again (a cycle)")
+    if not base_path.is_file():
+        raise CapstackError(f"{path}: extends: {base_path} not found")
+    own = {k: v for k, v in data.items() if k != "extends"}
+    return laid_over(extended(base_path, read_yaml_mapping(base_path),
+                              chain + [path.resolve()]), own)
+
+
+def laid_over(base: dict, own: dict) -> dict:
+    merged = dict(base)
+    for key, value in own.items():
+        below = base.get(key)
+        renamed = isinstance(value, dict) and "name" in value and isinstance(below, dict) \
+            and below.get("name") != value["name"]
+        if isinstance(value, dict) and isinstance(below, dict) and not renamed:
+            merged[key] = laid_over(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml_mapping(path: Path) -> dict:
+    """An experiment file's mapping, or why it cannot be read."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -154,13 +200,7 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         raise too_deep(path) from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping at the top level")
-    refuse_old_form(data, str(path))
-    data = read_old_keys(data, str(path))
-    for item in overrides:
-        refuse_old_override(item)
-        for each in old_reward_override(old_optimizer_override(item)):
-            apply_override(data, each, str(path), ExperimentConfig)
-    return experiment_from_dict(data, str(path))
+    return data
 
 
 def read_old_keys(data: dict, where: str) -> dict:

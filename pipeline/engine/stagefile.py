@@ -103,8 +103,9 @@ from pipeline.core.errors import CapstackError, not_utf8, too_deep
 
 _PARAM_REF = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# @key: a foreach key, which may be a relative path (train@stack_cap/top_down)
-_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*)?$")
+# @key: a foreach key, which may be a relative path (train@stack_cap/top_down) and name a
+# variant with + (train@stack_cap/variants/top_down+feature_embed)
+_STAGE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*)?$")
 _LOOP_KEYS = {"foreach", "do"}
 _TOP_KEYS = {"params", "vars", "stages", "demo"}
 _STAGE_KEYS = {"desc", "cmd", "deps", "outs", "params", "nproc", "when", "shell"}

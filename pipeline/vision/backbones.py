@@ -1,4 +1,4 @@
-"""torchvision ResNets and their weights, from files the user has (never downloaded).
+"""torchvision ResNets (and VGG-19, for grids) and their weights, from files the user has.
 
 Weights come from ``--weights PATH`` (a torchvision state_dict), else from
 torchvision's usual cache location (``$TORCH_HOME/hub/checkpoints``, where
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchvision.models import resnet
+from torchvision.models import resnet, vgg
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from pipeline.core.errors import CapstackError
@@ -40,7 +40,9 @@ def resnet10(num_classes: int = 1000) -> ResNet:
     return ResNet(BasicBlock, [1, 1, 1, 1], num_classes=num_classes)
 
 
-BACKBONES = tuple(_RESNETS) + ("resnet10",)
+BACKBONES = tuple(_RESNETS) + ("resnet10",)  # ResNets: grids, and the region detectors' trunks
+_VGGS = {"vgg19": (vgg.vgg19, vgg.VGG19_Weights)}  # grids only (Show-Attend-Tell's conv5_4)
+GRID_BACKBONES = BACKBONES + tuple(_VGGS)
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,19 @@ def build_resnet(name: str, num_classes: int = 1000) -> ResNet:
     return _RESNETS[name][0](weights=None, num_classes=num_classes)
 
 
+def build_vgg(name: str, num_classes: int = 1000) -> vgg.VGG:
+    if name not in _VGGS:
+        raise CapstackError(f"unknown backbone {name!r} (choose {', '.join(GRID_BACKBONES)})")
+    return _VGGS[name][0](weights=None, num_classes=num_classes)
+
+
 def cached_weight_files(name: str) -> list[Path]:
     """Where torchvision would have saved ImageNet weights for ``name``, newest first."""
-    if name not in _RESNETS:
+    known = {**_RESNETS, **_VGGS}
+    if name not in known:
         return []
     hub = Path(torch.hub.get_dir()) / "checkpoints"
-    enum = _RESNETS[name][1]
+    enum = known[name][1]
     return [hub / os.path.basename(w.url) for w in reversed(list(enum))]
 
 
@@ -87,12 +96,8 @@ def resolve_weights(name: str, weights: str | None) -> Weights:
                         f"--weights random gives meaningless random features")
 
 
-def load_resnet(name: str, weights: Weights) -> ResNet:
-    """The ResNet with ``weights`` loaded (``fc`` may be absent or of another size)."""
-    if weights.path == RANDOM:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(RANDOM_SEED)
-            return build_resnet(name)
+def read_state(weights: Weights) -> dict:
+    """A weights file's tensors (a ``{"model": ...}`` wrapper unwrapped), or why not."""
     try:
         state = torch.load(weights.path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad file
@@ -100,7 +105,39 @@ def load_resnet(name: str, weights: Weights) -> ResNet:
             from None
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
-    state = tensors_only(state, weights.path)
+    return tensors_only(state, weights.path)
+
+
+def random_backbone(build, name: str):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RANDOM_SEED)
+        return build(name)
+
+
+def load_backbone(name: str, weights: Weights) -> nn.Module:
+    """A grid backbone with ``weights`` loaded: a ResNet, or a VGG."""
+    return load_vgg(name, weights) if name in _VGGS else load_resnet(name, weights)
+
+
+def load_vgg(name: str, weights: Weights) -> vgg.VGG:
+    """The VGG with ``weights`` loaded (its classifier may be absent: only ``features`` is used)."""
+    if weights.path == RANDOM:
+        return random_backbone(build_vgg, name)
+    state = read_state(weights)
+    model = build_vgg(name)
+    require_fit(state, model, weights.path, name,
+                may_lack=lambda key: key.startswith("classifier."),
+                hint="weights of another backbone?")
+    model.load_state_dict({k: v for k, v in state.items() if k.startswith("features.")},
+                          strict=False)
+    return model
+
+
+def load_resnet(name: str, weights: Weights) -> ResNet:
+    """The ResNet with ``weights`` loaded (``fc`` may be absent or of another size)."""
+    if weights.path == RANDOM:
+        return random_backbone(build_resnet, name)
+    state = read_state(weights)
     fc = state.get("fc.weight")
     model = build_resnet(name, num_classes=fc.shape[0] if fc is not None and fc.dim() == 2
                          else 1000)
@@ -111,13 +148,37 @@ def load_resnet(name: str, weights: Weights) -> ResNet:
     return model
 
 
-GRID_LAYERS = {"layer3": 16, "layer4": 32}  # a grid layer -> its stride in input pixels
+GRID_LAYERS = {"layer3": 16, "layer4": 32,  # a grid layer -> its stride in input pixels
+               "conv5_4": 16}  # VGG-19: the 4th conv of the 5th block with its ReLU, unpooled
+VGG_LAYERS = {"conv5_4": (36, 512)}  # a VGG grid layer -> (``features`` up to it, channels)
 
 
-def checked_layer(layer: str) -> str:
+def checked_layer(layer: str, backbone: str | None = None) -> str:
+    """``layer`` when it is a grid layer (of ``backbone``, when given)."""
     if layer not in GRID_LAYERS:
         raise CapstackError(f"unknown grid layer {layer!r} (choose {', '.join(GRID_LAYERS)})")
+    if backbone is not None and (backbone in _VGGS) != (layer in VGG_LAYERS):
+        own = [k for k in GRID_LAYERS if (k in VGG_LAYERS) == (backbone in _VGGS)]
+        raise CapstackError(f"--layer {layer} is not a layer of {backbone} (choose "
+                            f"{', '.join(own)})")
     return layer
+
+
+def grid_trunk(model: nn.Module, layer: str) -> nn.Module:
+    """The backbone's convolutions up to grid ``layer``, without pooling and classifier."""
+    if isinstance(model, vgg.VGG):
+        return model.features[:VGG_LAYERS[layer][0]]
+    return resnet_body(model, layer)
+
+
+def grid_channels(backbone: str, layer: str) -> int:
+    """The channels grid ``layer`` of ``backbone`` puts out (a VGG's from its table: building
+    one to count them would initialise its 100M-weight classifier)."""
+    if backbone not in GRID_BACKBONES:
+        raise CapstackError(f"unknown backbone {backbone!r} (choose {', '.join(GRID_BACKBONES)})")
+    if backbone in _VGGS:
+        return VGG_LAYERS[layer][1]
+    return feature_channels(build_resnet(backbone), layer)
 
 
 def resnet_body(model: ResNet, layer: str = "layer4") -> nn.Sequential:
@@ -137,8 +198,9 @@ def feature_channels(model: ResNet, layer: str = "layer4") -> int:
 
 
 def layer_map_size(image_size: int, layer: str) -> int:
-    """Cells per side of ``layer``'s map for a square image: each stride-2 step rounds up."""
+    """Cells per side of ``layer``'s map for a square image: each stride-2 step of a ResNet
+    (a padded convolution) rounds up, each of VGG's 2x2 max pools rounds down."""
     size = image_size
     for _ in range(GRID_LAYERS[checked_layer(layer)].bit_length() - 1):
-        size = -(-size // 2)
+        size = size // 2 if layer in VGG_LAYERS else -(-size // 2)
     return size

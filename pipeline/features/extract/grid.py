@@ -1,9 +1,10 @@
-"""ResNet grid features: a conv stage's map, adaptively average-pooled to grid x grid.
+"""Grid features: a conv stage's map, adaptively average-pooled to grid x grid.
 
 Show-Attend-Tell and Stack-Cap attend over these cells. Stack-Cap: ResNet-101's
 layer4 at 448 x 448, a 14 x 14 x 2048 map, 196 annotation vectors per image.
-Show-Attend-Tell's 14 x 14 x 512 VGG conv5 grid at 224 has its nearest ResNet
-counterpart in layer3 (stride 16: 14 x 14 x 1024 at 224), HACap's input too.
+Show-Attend-Tell's own grid is VGG-19's conv5_4 at 224 (``--backbone vgg19 --layer
+conv5_4``: 14 x 14 x 512, with the user's weights); its nearest ResNet counterpart is
+layer3 (stride 16: 14 x 14 x 1024 at 224), HACap's input too.
 The layer, its map size at the image size and the pooled grid are part of the
 store's settings (so of its fingerprint).
 
@@ -24,8 +25,8 @@ from pipeline.features.extract.job import Extraction, JobResult, extract
 from pipeline.features.extract.kind import ExtractorKind
 from pipeline.features.extract.runner import BatchModel, autocast
 from pipeline.features.stores import Record, Schema, field
-from pipeline.vision.backbones import (Weights, build_resnet, feature_channels, layer_map_size,
-                                       load_resnet, resnet_body, resolve_weights)
+from pipeline.vision.backbones import (Weights, checked_layer, grid_channels, grid_trunk,
+                                       layer_map_size, load_backbone, resolve_weights)
 from pipeline.vision.images import grid_transform, stack_images
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
@@ -49,7 +50,7 @@ class GridSettings:
     image_size: int = 448
     grid: int = 14
     dtype: str = "float16"
-    layer: str = "layer4"  # or layer3 (stride 16)
+    layer: str = "layer4"  # or layer3 (stride 16); conv5_4 for vgg19
 
 
 def batch_model(extractor: GridExtractor, device: torch.device):
@@ -70,14 +71,15 @@ def batch_model(extractor: GridExtractor, device: torch.device):
 
 
 class Grid(ExtractorKind):
-    """ResNet grid features: a stage's map (layer4 or layer3), pooled to grid x grid cells."""
+    """Grid features: a stage's map (ResNet layer4 or layer3, VGG-19 conv5_4) pooled to cells."""
 
     command = "extract-grid"
     Settings = GridSettings
 
     def prepare(self, s: GridSettings, dataset_json: Path, device: torch.device) -> Extraction:
+        checked_layer(s.layer, s.backbone)
         weights = resolve_weights(s.backbone, s.weights)
-        channels = feature_channels(build_resnet(s.backbone), s.layer)
+        channels = grid_channels(s.backbone, s.layer)
         map_size = layer_map_size(s.image_size, s.layer)
         return Extraction(
             kind="grid", backbone=s.backbone, dtype=s.dtype,
@@ -93,8 +95,8 @@ class Grid(ExtractorKind):
             transform=grid_transform(s.image_size), pin_memory=device.type == "cuda")
 
     def model(self, s: GridSettings, weights: Weights, device: torch.device) -> BatchModel:
-        model = load_resnet(s.backbone, weights)
-        extractor = GridExtractor(resnet_body(model, s.layer), s.grid).eval().to(device)
+        model = load_backbone(s.backbone, weights)
+        extractor = GridExtractor(grid_trunk(model, s.layer), s.grid).eval().to(device)
         if device.type == "cuda":
             extractor = extractor.to(memory_format=torch.channels_last)
         return batch_model(extractor, device)
