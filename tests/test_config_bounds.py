@@ -94,6 +94,7 @@ def test_the_cross_field_rules_still_speak_after_the_bounds(tmp_path):
                                                                         [0.0, 0.999999])
 
 
+@pytest.mark.slow  # capstack processes
 @pytest.mark.parametrize("override, problem", [
     ("train.lr=.nan", "exp.yaml: train.lr: must be a finite number above 0, got nan"),
     ("train.seed=100000000000000000000000",

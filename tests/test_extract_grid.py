@@ -73,6 +73,7 @@ def test_layer3_pools_the_stride_16_map(shapes, tmp_path):
     assert np.allclose(store.get(0).features, expected.numpy(), atol=1e-4)
 
 
+@pytest.mark.slow  # VGG-19 built twice
 def test_vgg19_conv5_4_is_show_attend_tells_grid(shapes, tmp_path):
     """--backbone vgg19 --layer conv5_4: VGG-19's 4th conv of the 5th block with its ReLU,
     before the 5th pool (stride 16: 4x4 at 64 px, 14x14x512 at 224), pooled; the user's

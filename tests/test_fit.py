@@ -93,6 +93,7 @@ def test_weights_without_fc_or_with_another_class_count_still_load(tmp_path):
     assert load_resnet("resnet18", Weights(str(path), "md5")).fc.out_features == 7
 
 
+@pytest.mark.slow  # a capstack process
 def test_extract_grid_with_weights_of_another_backbone_says_so_in_one_line(tmp_path):
     from pipeline.demo.shapes import write_shapes_dataset
 
@@ -225,6 +226,7 @@ def test_a_deeply_nested_value_is_refused_before_its_checksum_is_computed(tmp_pa
         load_checkpoint(path)
 
 
+@pytest.mark.slow  # a capstack process
 def test_evaluate_on_a_checkpoint_without_its_vocabulary_says_so_in_one_line(tmp_path):
     path = edited(tmp_path, lambda p: p.pop("vocab"))
     result = capstack("evaluate", path, "--out", tmp_path / "eval", cwd=tmp_path)
@@ -321,6 +323,7 @@ def test_arrays_of_other_lengths_are_refused(prepared):
         load_captions(prepared)
 
 
+@pytest.mark.slow  # a capstack process
 def test_cider_cache_on_a_damaged_captions_file_says_so_in_one_line(prepared, tmp_path):
     (prepared / CHECKSUMS).unlink()
     edit_h5(prepared / "captions.h5", "label_end", 3, 99)

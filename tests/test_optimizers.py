@@ -66,6 +66,7 @@ def test_adam_is_the_default_and_an_unknown_optimiser_is_named_with_the_registry
         load_experiment(experiment, ["train.optimizer={name: rmsprop, betas: [0.9, 0.9]}"])
 
 
+@pytest.mark.slow  # three trainings
 def test_a_run_on_rmsprop_resumes_exactly(experiment, tmp_path):
     """Its momentum and square averages are checkpointed and restored: 1 epoch, then 2 more,
     is the 3 epochs of one run, loss for loss and moment for moment."""
