@@ -9,13 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.captions.prepared import load_captions
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
 from trainer.train import Run, train
-from trainer_fixtures import logged, make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import logged, prepared_with_grid, write_experiment
 
 
 @dataclass
@@ -67,10 +66,7 @@ class CriticizedCrossEntropy(CrossEntropy):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("objectives")
-    _, prepared = make_prepared(root, n_train=10, n_val=4, n_test=2)
-    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
-    return prepared, store
+    return prepared_with_grid(tmp_path_factory.mktemp("objectives"))
 
 
 

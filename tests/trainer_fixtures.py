@@ -173,3 +173,11 @@ def logged(run_dir: Path, key: str) -> list:
 
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x[key] for x in lines if x["kind"] == "train"]
+
+
+def prepared_with_grid(root: Path) -> tuple[Path, Path]:
+    """A prepared folder (10 train, 4 val, 2 test images) and a grid store covering it."""
+    from pipeline.captions.prepared import load_captions
+
+    _, prepared = make_prepared(root, n_train=10, n_val=4, n_test=2)
+    return prepared, write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
