@@ -350,6 +350,11 @@ def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer,
                    "its checkpoint.")
 @click.option("--top-attributes", default=1, show_default=True, type=click.IntRange(0, 1000),
               help="bottom-up: attributes kept per region (ids and probabilities, best first).")
+@click.option("--reference", type=NamesOf("pipeline.features.detectors.rules:RULES"),
+              default="caffe", show_default=True,
+              help="bottom-up: whose test-time rules it follows: caffe (generate_tsv.py, the "
+                   "BUTD release's features) or mmf (MMF's / LXMERT's frcnn extractor: "
+                   "regressed boxes, one class-agnostic NMS; --conf-thresh unused).")
 @click.option("--objects-vocab", default=None, type=click.Path(dir_okay=False),
               help="bottom-up: objects_vocab.txt, so the store names each class.")
 @click.option("--attributes-vocab", default=None, type=click.Path(dir_okay=False),

@@ -107,7 +107,7 @@ def vg_phases(extractor, images: list[torch.Tensor], device) -> dict[str, float]
             [fmap] = timed("backbone", lambda: detector.res4([x]))
             boxes, _ = timed("rpn", lambda: detector.proposals(
                 *[t[0] for t in detector.rpn(fmap[None])], tuple(x.shape[-2:]), scale))
-            _, probs, _ = timed("roi_res5", lambda: detector.describe(fmap, boxes))
+            _, probs, _, _ = timed("roi_res5", lambda: detector.describe(fmap, boxes))
             timed("selection", lambda: select_regions(
                 inclusive(boxes / scale), probs[:, 1:], nms_thresh=0.3, conf_thresh=0.2,
                 min_boxes=10, max_boxes=100))

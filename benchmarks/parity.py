@@ -15,6 +15,9 @@ Peers and their checks:
   ``vocab``, ``capstack prepare --vocab-rule rtl`` against its ``scripts/prepro_labels.py``
   (``--karpathy FILE`` adds a json of yours, e.g. dataset_coco.json, to the drawn one);
   ``transformer``, capstack's Transformer decoder given the peer's TransformerModel weights.
+- mmf (https://github.com/facebookresearch/mmf; ``requests``, ``filelock`` and ``omegaconf``
+  importable): ``mmf``, ``extract-regions --arch bottom-up --reference mmf`` against its
+  ``tools/scripts/features/frcnn`` run on the same checkpoint, one its own modules wrote.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.peer_parity import Difference, PeerKind, recognise  # noqa: E402
-from benchmarks.peer_parity import transformer, vocab  # noqa: E402
+from benchmarks.peer_parity import mmf, transformer, vocab  # noqa: E402
 
 PEERS = [
     PeerKind("self-critical.pytorch", "captioning/models/TransformerModel.py",
              "https://github.com/ruotianluo/self-critical.pytorch",
              (vocab.check, transformer.check)),
+    PeerKind("mmf", "tools/scripts/features/frcnn/modeling_frcnn.py",
+             "https://github.com/facebookresearch/mmf", (mmf.check,)),
 ]
 
 

@@ -19,7 +19,8 @@ from torchvision.ops import nms
 from pipeline.features.detectors import boxes as caffe_boxes
 from pipeline.features.detectors.anchors import cell_anchors, grid_anchors
 from pipeline.features.detectors.caffe_resnet import Bottleneck, ConvNorm, ResNetShape, Stem
-from pipeline.features.detectors.detector import CAFFE_PIXEL_MEANS_BGR, caffe_input, scale_for
+from pipeline.features.detectors.detector import CAFFE_PIXEL_MEANS_BGR
+from pipeline.features.detectors.rules.caffe import caffe_input, scale_for
 from pipeline.features.detectors.heads import BoxHead
 from pipeline.features.detectors.rpn import per_anchor
 

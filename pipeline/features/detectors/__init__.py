@@ -6,6 +6,8 @@
 ``rpn``           proposals: objectness, deltas, NMS
 ``heads``         RoI pooling, res5, the object and attribute predictors
 ``detector``      the whole network, its settings, and regions for a batch of images
+``rules``         whose test-time rules it follows: Caffe's generate_tsv.py (default) or MMF's
+``regions``       the regions an image keeps, labelled (extract-regions --arch bottom-up)
 ``checkpoints``   the checkpoint namings it loads (MILVLG bua-caffe, airsplay/LXMERT/mmf, capstack)
 ``training``      training it on a dataset's boxes (the demo's detector)
 """

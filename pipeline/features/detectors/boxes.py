@@ -23,13 +23,15 @@ def widths_heights(boxes: Tensor) -> tuple[Tensor, Tensor]:
     return boxes[:, 2] - boxes[:, 0] + 1.0, boxes[:, 3] - boxes[:, 1] + 1.0
 
 
-def decode(deltas: Tensor, boxes: Tensor) -> Tensor:
+def decode(deltas: Tensor, boxes: Tensor, *, inclusive_pixels: bool = True) -> Tensor:
     """Apply (dx, dy, dw, dh) to boxes: py-faster-rcnn's ``bbox_transform_inv``, [N, 4].
 
     As there, x2 = centre + w / 2 (not - 1): the decoded box is one pixel wider than
     the encoded one would be; the VG model was trained and tested with exactly this.
+    ``inclusive_pixels=False``: detectron2's ``apply_deltas`` (weights 1), widths x2 - x1.
     """
-    w, h = widths_heights(boxes)
+    w, h = widths_heights(boxes) if inclusive_pixels else \
+        (boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1])
     cx, cy = boxes[:, 0] + 0.5 * w, boxes[:, 1] + 0.5 * h
     dx, dy, dw, dh = deltas.unbind(dim=1)
     dw, dh = dw.clamp(max=BBOX_CLIP), dh.clamp(max=BBOX_CLIP)

@@ -51,6 +51,7 @@ from pipeline.core.state_dicts import listed, require_fit, tensors_only
 from pipeline.features.detectors.anchors import VG_RATIOS, VG_SCALES, cell_anchors
 from pipeline.features.detectors.caffe_resnet import ResNetShape
 from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig
+from pipeline.features.detectors.rules import DEFAULT as DEFAULT_RULES
 
 CAPSTACK_FORMAT = "capstack-bottom-up"
 ANCHORS_KEY = "proposal_generator.anchor_generator.cell_anchors.0"
@@ -228,8 +229,18 @@ def _rows_to_back(t: Tensor) -> Tensor:
     return torch.cat([t[1:], t[:1]])
 
 
-def convert(path: Path, raw: dict[str, Tensor], naming: Naming) -> tuple[dict, list[str]]:
-    """The file's tensors in the model's names and conventions, and what was done to them."""
+def file_anchors(raw: dict[str, Tensor], order: list[int] | None) -> Tensor | None:
+    """The anchors a file carries (``cell_anchors.0``), in the RPN's order once converted."""
+    anchors = raw.get(ANCHORS_KEY)
+    if anchors is None:
+        return None
+    return (anchors if order is None else anchors[order]).float()
+
+
+def convert(path: Path, raw: dict[str, Tensor], naming: Naming
+            ) -> tuple[dict, list[str], Tensor | None]:
+    """The file's tensors in the model's names and conventions, what was done to them, and
+    the anchors it carries (in the converted order; None without)."""
     state = renamed(path, raw, naming)
     done = []
     if naming.objectness_pairs:
@@ -263,7 +274,7 @@ def convert(path: Path, raw: dict[str, Tensor], naming: Naming) -> tuple[dict, l
     if embedding is not None and scores is not None and len(embedding) == len(scores) + 1:
         state["attributes.class_embedding.weight"] = embedding[:len(scores)]
         done.append(f"class embedding: {len(embedding)} rows, the last never read, dropped")
-    return state, done
+    return state, done, file_anchors(raw, order)
 
 
 def vg_config(path: Path, naming: Naming, state: dict[str, Tensor]) -> DetectorConfig:
@@ -318,11 +329,13 @@ def _theirs(naming: Naming):
 # --------------------------------------------------------------------------- loading
 
 def load_detector(path, *, min_size: int | None = None, max_size: int | None = None,
-                  md5: str | None = None) -> LoadedDetector:
+                  md5: str | None = None, rules: str = DEFAULT_RULES) -> LoadedDetector:
     """The detector a checkpoint file holds, in any known naming, ready for inference.
 
-    ``min_size``/``max_size`` override the checkpoint's image sizes (VG: 600 / 1000).
-    Every key is checked before anything is copied.
+    ``min_size``/``max_size`` override the checkpoint's image sizes (VG: 600 / 1000);
+    ``rules``: the reference whose test-time rules it follows (``caffe``, ``mmf``; the
+    anchors a file carries are kept for the rules that use them). Every key is checked
+    before anything is copied.
     """
     path = Path(path).expanduser().resolve()
     top = read_checkpoint(path)
@@ -332,15 +345,16 @@ def load_detector(path, *, min_size: int | None = None, max_size: int | None = N
         state, naming, conversions = tensors_of(path, top["model"]), "capstack", []
         spelled = lambda key: key  # noqa: E731
         objects, attributes = top.get("objects"), top.get("attributes")
+        anchors = None
     else:
         raw = tensors_of(path, top)
         found = detect_naming(path, raw)
-        state, conversions = convert(path, raw, found)
+        state, conversions, anchors = convert(path, raw, found)
         config, naming, spelled = vg_config(path, found, state), found.name, _theirs(found)
         objects = attributes = None
     if min_size is not None:
         config = config.resized(min_size, max_size if max_size is not None else config.max_size)
-    detector = BottomUpDetector(config)
+    detector = BottomUpDetector(config, rules=rules, file_anchors=anchors)
     state = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
     check_fits(path, naming, state, detector, spelled)
     detector.load_state_dict(state, strict=False)  # only num_batches_tracked may be left out

@@ -1,23 +1,22 @@
-"""The bottom-up detector as one module: settings, preprocessing, and its outputs per image.
+"""The bottom-up detector as one module: settings, and its outputs per image.
 
-Preprocessing is the Caffe model's (``fast_rcnn/test.py: _get_image_blob``):
-the image in BGR order, 0..255, minus the Caffe pixel means, no division by a
-std; scaled so that the shorter side is ``min_size`` unless the longer one would
-exceed ``max_size`` (then the longer side is ``max_size``); resized bilinearly
-as ``cv2.resize(fx=scale, fy=scale)`` does (output side rounded, sampling at
-1/scale). Images are run one size at a time, never padded into a batch: a
-padded border would change the convolutions near it, which the Caffe model,
-fed one image at a time, never saw.
+The network is the Caffe model's (trunk, RPN head, box head, object and
+attribute predictors). What is done around it at test time, the input's scaling,
+the anchors, the proposals and which regions are kept, follows one reference
+implementation's rules (:mod:`pipeline.features.detectors.rules`): Caffe's
+``generate_tsv.py`` by default, or MMF's frcnn extractor. Images are run one size
+at a time, never padded into a batch: a padded border would change the
+convolutions near it, which the Caffe model, fed one image at a time, never saw.
 
-:meth:`BottomUpDetector.forward` gives, per image, the RPN's proposals in the
-original image's pixels (``generate_tsv.py`` keeps the proposals, not the
-regressed boxes), each one's feature, its object class probabilities and, per
-proposal, the attribute probabilities given its most likely object class.
+:meth:`BottomUpDetector.forward` gives, per image, the RPN's proposals (in the
+original image's pixels and in the network input's), each one's feature, its
+object class probabilities, its per-class box deltas and, per proposal, the
+attribute probabilities given its most likely object class.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,8 @@ from torch import Tensor, nn
 from pipeline.features.detectors.caffe_resnet import ResNetShape, Trunk
 from pipeline.features.detectors.heads import AttributePredictor, BoxHead, ObjectPredictor
 from pipeline.features.detectors.rpn import ProposalGenerator, ProposalSettings, RPNHead
+from pipeline.features.detectors.rules import DEFAULT, RULES
+from pipeline.features.detectors.rules.base import DetectorRules
 
 CAFFE_PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
 
@@ -72,39 +73,27 @@ class DetectorConfig:
 class Detections:
     """One image's proposals and what the detector says of each (P rows)."""
 
-    boxes: Tensor  # [P, 4] original image pixels, Caffe's inclusive convention
+    boxes: Tensor  # [P, 4] original image pixels (the rules' convention)
     features: Tensor  # [P, D]
     class_probs: Tensor  # [P, num_classes], background first
     attribute_probs: Tensor | None = None  # [P, num_attributes], "no attribute" first
-    extra: dict = field(default_factory=dict)
-
-
-def scale_for(height: int, width: int, min_size: int, max_size: int) -> float:
-    """The Caffe test scale: shorter side to min_size, unless the longer passes max_size."""
-    short, long = min(height, width), max(height, width)
-    scale = min_size / short
-    if round(scale * long) > max_size:
-        scale = max_size / long
-    return scale
-
-
-def caffe_input(image: Tensor, scale: float, means_bgr: tuple[float, float, float]) -> Tensor:
-    """RGB floats 0..1 [3, H, W] -> the network's input: BGR, 0..255 minus the means, resized."""
-    bgr = image.flip(0) * 255.0 - image.new_tensor(means_bgr).view(3, 1, 1)
-    h, w = image.shape[-2:]
-    size = [max(1, round(h * scale)), max(1, round(w * scale))]  # cv2: dsize rounded
-    # cv2.resize(fx=scale) samples at 1/scale, not at size/original: pass both, as cv2 does
-    return torch.ops.aten.upsample_bilinear2d(bgr[None], size, False, scale, scale)[0]
+    proposals: Tensor | None = None  # [P, 4] the boxes in the network input's pixels
+    box_deltas: Tensor | None = None  # [P, 4 * num_classes] per-class regression
+    input_size: tuple[int, int] = (0, 0)  # the network input's (h, w)
+    scale: object = 1.0  # the rules' scale of this image (:meth:`DetectorRules.network_input`)
 
 
 class BottomUpDetector(nn.Module):
-    def __init__(self, config: DetectorConfig = DetectorConfig(), *, frozen_norm: bool = True):
+    def __init__(self, config: DetectorConfig = DetectorConfig(), *, frozen_norm: bool = True,
+                 rules: str = DEFAULT, file_anchors: Tensor | None = None):
         super().__init__()
         self.config = config
         anchors = len(config.proposals.ratios) * len(config.proposals.scales)
         self.backbone = Trunk(config.resnet, frozen_norm=frozen_norm)
         self.rpn = RPNHead(self.backbone.out_channels, config.rpn_channels, anchors)
         self.proposals = ProposalGenerator(config.proposals)
+        self.file_anchors = file_anchors  # a checkpoint's own, in the RPN's channel order
+        self.follow(rules)
         self.box_head = BoxHead(config.resnet, pool_size=config.pool_size,
                                 stride=config.proposals.stride, frozen_norm=frozen_norm)
         self.predictor = ObjectPredictor(self.box_head.out_channels, config.num_classes)
@@ -118,12 +107,16 @@ class BottomUpDetector(nn.Module):
     def feature_dim(self) -> int:
         return self.box_head.out_channels
 
-    def prepare(self, images: list[Tensor]) -> list[tuple[Tensor, float]]:
-        """Each image as the network's input, with its scale (resized / original)."""
-        c = self.config
-        scales = [scale_for(*img.shape[-2:], c.min_size, c.max_size) for img in images]
-        return [(caffe_input(img, scale, c.pixel_means_bgr), scale)
-                for img, scale in zip(images, scales)]
+    def follow(self, rules: str) -> BottomUpDetector:
+        """Run by the test-time rules of reference ``rules`` (a name in ``RULES``)."""
+        self.rules: DetectorRules = RULES.get(rules)
+        cell = self.rules.cell_anchors(self.config.proposals, self.file_anchors)
+        self.proposals.use_cell(cell.to(self.proposals.cell.device))
+        return self
+
+    def prepare(self, images: list[Tensor]) -> list[tuple[Tensor, object]]:
+        """Each image as the network's input, with its scale (the rules')."""
+        return [self.rules.network_input(img, self.config) for img in images]
 
     def res4(self, inputs: list[Tensor]) -> list[Tensor]:
         """The trunk's map of each input, images of one size batched together."""
@@ -137,17 +130,19 @@ class BottomUpDetector(nn.Module):
                 maps[k] = m
         return maps
 
-    def describe(self, fmap: Tensor, boxes: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Boxes [R, 4] in the resized image -> features, class probs, attribute probs."""
+    def describe(self, fmap: Tensor, boxes: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """Boxes [R, 4] in the resized image -> features, class probs, attribute probs and
+        the per-class box deltas [R, 4K]."""
         rois = torch.cat([boxes.new_zeros(len(boxes), 1), boxes], dim=1)
         features = self.box_head(fmap[None], rois)  # [R, D]
-        class_logits, _ = self.predictor(features)
+        class_logits, box_deltas = self.predictor(features)
         class_probs = F.softmax(class_logits.float(), dim=1)
         attribute_probs = None
         if self.attributes is not None:
             predicted = class_probs.argmax(dim=1)  # Caffe: ArgMax over cls_prob, background too
             attribute_probs = F.softmax(self.attributes(features, predicted).float(), dim=1)
-        return features, class_probs, attribute_probs
+        return features, class_probs, attribute_probs, box_deltas
 
     @torch.inference_mode()
     def forward(self, images: list[Tensor], boxes: list[Tensor] | None = None) -> list[Detections]:
@@ -156,11 +151,15 @@ class BottomUpDetector(nn.Module):
         maps = self.res4([x for x, _ in prepared])
         out = []
         for k, ((x, scale), fmap) in enumerate(zip(prepared, maps)):
+            size = tuple(x.shape[-2:])
             if boxes is None:
                 objectness, deltas = self.rpn(fmap[None])
-                regions, _ = self.proposals(objectness[0], deltas[0], tuple(x.shape[-2:]), scale)
+                regions = self.rules.proposals(self.proposals, objectness[0], deltas[0], size,
+                                               scale)
             else:
-                regions = boxes[k].to(fmap.device, torch.float32) * scale
-            features, class_probs, attribute_probs = self.describe(fmap, regions)
-            out.append(Detections(regions / scale, features.float(), class_probs, attribute_probs))
+                regions = self.rules.to_input(boxes[k].to(fmap.device, torch.float32), scale)
+            features, class_probs, attribute_probs, box_deltas = self.describe(fmap, regions)
+            out.append(Detections(self.rules.to_original(regions, scale), features.float(),
+                                  class_probs, attribute_probs, proposals=regions,
+                                  box_deltas=box_deltas, input_size=size, scale=scale))
         return out

@@ -64,6 +64,13 @@ class ProposalGenerator(nn.Module):
         self.register_buffer("cell", cell_anchors(settings.stride, settings.ratios,
                                                   settings.scales), persistent=False)
 
+    def use_cell(self, cell: Tensor) -> None:
+        """Other anchors for the cell at the origin (a reference's rules), [A, 4]."""
+        if cell.shape != self.cell.shape:
+            raise ValueError(f"the RPN scores {self.cell.shape[0]} anchors per cell, "
+                             f"not {cell.shape[0]}")
+        self.cell = cell
+
     @property
     def anchors_per_cell(self) -> int:
         return self.cell.shape[0]

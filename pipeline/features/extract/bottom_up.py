@@ -8,6 +8,11 @@ region ones plus what to keep of the attributes and the vocabulary files that
 name the classes. Its regions also carry the ``top_attributes`` best
 attributes; the store's settings hold the checkpoint's naming and the
 detector's whole config, its metadata the class and attribute names.
+
+``reference`` picks whose test-time rules the detector follows
+(:mod:`pipeline.features.detectors.rules`): ``caffe`` (generate_tsv.py, the BUTD
+release) or ``mmf`` (MMF's / LXMERT's frcnn extractor). The default adds nothing
+to the store's settings, so the stores made before the choice keep their names.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pipeline.core.hashing import md5_of_file
 from pipeline.features.detectors.checkpoints import (LoadedDetector, load_detector,
                                                      missing_checkpoint)
 from pipeline.features.detectors.regions import BottomUpRegions
+from pipeline.features.detectors.rules import DEFAULT as DEFAULT_RULES
+from pipeline.features.detectors.rules import RULES
 from pipeline.features.detectors.vocabulary import label_names
 from pipeline.features.extract import EXTRACTORS
 from pipeline.features.extract.region_extraction import RegionKind, SharedRegionSettings
@@ -31,6 +38,7 @@ class BottomUpSettings(SharedRegionSettings):
     what to keep of the attributes and how to name the labels."""
 
     top_attributes: int = 1  # attributes kept per region, best first
+    reference: str = DEFAULT_RULES  # whose test-time rules: caffe | mmf (RULES)
     objects_vocab: str | None = None  # objects_vocab.txt (a name per class)
     attributes_vocab: str | None = None  # attributes_vocab.txt
 
@@ -51,8 +59,9 @@ class BottomUp(RegionKind):
 
     def build(self, s: BottomUpSettings, weights_path: str,
               weights_md5: str | None = None) -> BottomUpRegions:
+        RULES.get(s.reference)  # an unknown name is refused, naming the known ones
         loaded = load_detector(weights_path, min_size=s.min_size, max_size=s.max_size,
-                               md5=weights_md5)
+                               md5=weights_md5, rules=s.reference)
         return BottomUpRegions(loaded.detector, min_boxes=s.min_boxes, max_boxes=s.max_boxes,
                                conf_thresh=s.conf_thresh, nms_thresh=s.nms_thresh,
                                top_attributes=s.top_attributes, loaded=loaded)
@@ -65,6 +74,8 @@ class BottomUp(RegionKind):
         objects, attributes = label_names(loaded, s.objects_vocab, s.attributes_vocab)
         settings = {"naming": loaded.naming, "detector": config.to_dict(),
                     "top_attributes": probe.top_attributes}
+        if s.reference != DEFAULT_RULES:
+            settings["reference"] = s.reference
         about = {**loaded.about(), "objects": objects, "attributes": attributes}
         return f"bottom-up-r{depth}", settings, about
 
