@@ -14,7 +14,9 @@ Peers and their checks:
   requirements ``six``, ``yacs`` and ``scikit-image`` importable):
   ``vocab``, ``capstack prepare --vocab-rule rtl`` against its ``scripts/prepro_labels.py``
   (``--karpathy FILE`` adds a json of yours, e.g. dataset_coco.json, to the drawn one);
-  ``transformer``, capstack's Transformer decoder given the peer's TransformerModel weights.
+  ``transformer``, capstack's Transformer decoder given the peer's TransformerModel weights;
+  ``evaluation``, capstack's metrics against its ``eval_utils.language_eval`` on the same
+  captions (its ``coco-caption`` submodule needed: clone with ``--recursive``).
 - mmf (https://github.com/facebookresearch/mmf; ``requests``, ``filelock`` and ``omegaconf``
   importable): ``mmf``, ``extract-regions --arch bottom-up --reference mmf`` against its
   ``tools/scripts/features/frcnn`` run on the same checkpoint, one its own modules wrote.
@@ -30,12 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.peer_parity import Difference, PeerKind, recognise  # noqa: E402
-from benchmarks.peer_parity import mmf, transformer, vocab  # noqa: E402
+from benchmarks.peer_parity import evaluation, mmf, transformer, vocab  # noqa: E402
 
 PEERS = [
     PeerKind("self-critical.pytorch", "captioning/models/TransformerModel.py",
              "https://github.com/ruotianluo/self-critical.pytorch",
-             (vocab.check, transformer.check)),
+             (vocab.check, transformer.check, evaluation.check)),
     PeerKind("mmf", "tools/scripts/features/frcnn/modeling_frcnn.py",
              "https://github.com/facebookresearch/mmf", (mmf.check,)),
 ]
