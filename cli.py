@@ -586,16 +586,34 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, np
     resumed = f", resumed at epoch {r.resumed_at[0] + 1}" if r.resumed_at else ""
     if r.resumed_at and r.resumed_at[0] >= config.train.epochs:
         resumed = " (already complete: nothing trained; --set train.epochs=N trains on)"
-    click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val CIDEr "
-               f"{r.best_cider:.3f} (greedy) at epoch {r.best_epoch + 1} -> {out_dir}/best.pt")
+    if r.stopped_early:
+        resumed += (f", stopped early ({config.train.early_stop_patience} epochs without a "
+                    f"better one)")
+    click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val "
+               f"{_kept(r.select_on, r.best_score, r.best_cider)} (greedy) at epoch "
+               f"{r.best_epoch + 1} -> {out_dir}/best.pt")
+
+
+def _kept(select_on: str, best_score: float, best_cider: float) -> str:
+    """``CIDEr 0.512``, or ``BLEU-4 0.301 (CIDEr 0.512)`` when kept on another score."""
+    from trainer.evaluation.validate import LABELS
+
+    if select_on == "cider":
+        return f"CIDEr {best_cider:.3f}"
+    return f"{LABELS[select_on]} {best_score:.3f} (CIDEr {best_cider:.3f})"
 
 
 def _echo_epoch(e) -> None:
-    """``epoch 3/8  loss 2.314  val CIDEr 0.512  best 0.512 (epoch 3)  41.2 s``"""
+    """``epoch 3/8  loss 2.314  val CIDEr 0.512  best 0.512 (epoch 3)  41.2 s``; kept on
+    BLEU-4: ``... val CIDEr 0.512  BLEU-4 0.301  best BLEU-4 0.305 (epoch 2)  41.2 s``"""
+    from trainer.evaluation.validate import LABELS
+
     loss = f"{e.loss:.3f}" if e.loss is not None else "n/a"
     best_at = f"epoch {e.best_epoch}" if e.best_epoch > 0 else "start"
+    best = f"best {e.best_cider:.3f}" if e.select_on == "cider" else \
+        f"{LABELS[e.select_on]} {e.val_score:.3f}  best {LABELS[e.select_on]} {e.best_score:.3f}"
     click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {e.val_cider:.3f}  "
-               f"best {e.best_cider:.3f} ({best_at})  {e.seconds:.1f} s")
+               f"{best} ({best_at})  {e.seconds:.1f} s")
 
 
 @main.command("runs")

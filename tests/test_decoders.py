@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -24,6 +25,9 @@ from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_x
 NAMES = sorted(DECODERS)  # every registered decoder goes through every generic test
 PAPERS = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", "top_down",
           "stack_cap", "stack_cap_star", "hacap"]  # the decoders of ../shared/papers
+# top_down as poojahira's implementation has it (configs/coco/bottom_up/top_down.yaml)
+POOJAHIRA = {"att_activation": "relu", "weight_norm": True, "word_dropout": False}
+OVERFIT = [(name, {}) for name in NAMES] + [("top_down", POOJAHIRA)]
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,13 @@ def test_decoder_config_is_strict():
         make_decoder("top_down", {"hidden": "big"}, 10, 4)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_each_decoder_overfits_a_handful_of_captions(handful, name):
+@pytest.mark.parametrize("name, settings", OVERFIT,
+                         ids=[name + ("+poojahira" if s else "") for name, s in OVERFIT])
+def test_each_decoder_overfits_a_handful_of_captions(handful, name, settings):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
-    model = make_decoder(name, {**tiny_decoder_config(name), "dropout": 0.0}, vocab_size, 16)
+    model = make_decoder(name, {**tiny_decoder_config(name), **settings, "dropout": 0.0},
+                         vocab_size, 16)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     targets = captions[:, 1:]
     for _ in range(600):  # stops as soon as the captions are learnt (lstm3 needs ~450 steps)
@@ -395,6 +401,63 @@ def test_feature_embedding_feeds_the_lstms_embedded_features(handful, name):
         loss.backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+def hand_set_attention(settings: dict):
+    """top_down's attention on two 2-d regions, its weights set by hand: W_va = I, b = 0,
+    W_ha = [-2, 1]^T (a 1-unit h1), w_a = [1, 1]."""
+    model = make_decoder("top_down", {"embed": 4, "hidden": 1, "att_hidden": 2, **settings},
+                         10, 2)
+    att = model.attention
+    with torch.no_grad():
+        att.feature_proj.weight.copy_(torch.eye(2))
+        att.feature_proj.bias.zero_()
+        att.query_proj.weight.copy_(torch.tensor([[-2.0], [1.0]]))
+        att.score.weight.copy_(torch.tensor([[1.0, 1.0]]))
+    return model
+
+
+def test_top_down_relu_attention_is_poojahiras_on_a_hand_computed_case():
+    """``att_activation: relu`` is poojahira's a_i = w_a^T dropout(ReLU(W_va v_i + W_ha h1))
+    (models.py:36 there); the default is eq. (3)'s tanh. With v_1 = [1, 0], v_2 = [0, 1] and
+    h1 = 1, W_va v_i + W_ha h1 is [-1, 1] and [-2, 2]: tanh's scores cancel to (0, 0), ReLU's
+    are (1, 2)."""
+    feats, mask, h1 = torch.eye(2)[None], torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 1)
+
+    def alpha(model):
+        return model.attention(model.attention.project(feats), feats, mask, h1)[1]
+
+    e = math.e
+    torch.testing.assert_close(alpha(hand_set_attention({}).eval()), torch.tensor([[0.5, 0.5]]))
+    relu = hand_set_attention({"att_activation": "relu", "att_dropout": 0.5})
+    torch.testing.assert_close(alpha(relu.eval()), torch.tensor([[1 / (1 + e), e / (1 + e)]]))
+    # training: ReLU's outputs [0, 1] and [0, 2] dropped or doubled, so a_1 in {0, 2}, a_2 in {0, 4}
+    relu.train()
+    possible = torch.tensor([1 / (1 + math.exp(a2 - a1)) for a1 in (0, 2) for a2 in (0, 4)])
+    drawn = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        first = alpha(relu)[0, 0]
+        assert torch.isclose(possible, first).any(), first
+        drawn.add(int(torch.isclose(possible, first).nonzero()[0]))
+    assert drawn == {0, 1, 2, 3}
+
+
+def test_top_down_as_poojahiras_weight_normalises_and_keeps_the_words_undropped(handful):
+    """``weight_norm``: W_va, W_ha, w_a and W_p are g v / ||v|| per output row (models.py:20-22,
+    73 there); ``word_dropout: false``: dropout on h2 alone, not on W_e Pi_t (models.py:116)."""
+    _, _, captions, vocab_size = handful
+    settings = {**tiny_decoder_config("top_down"), "dropout": 0.5}
+    model = make_decoder("top_down", {**settings, **POOJAHIRA}, vocab_size, 16).train()
+    att = model.attention
+    for layer in (att.feature_proj, att.query_proj, att.score, model.out):
+        g, v = layer.parametrizations.weight.original0, layer.parametrizations.weight.original1
+        torch.testing.assert_close(layer.weight, g * v / v.norm(dim=1, keepdim=True))
+    words = captions[:, 0]
+    assert torch.equal(model.embed_words(words), model.embed_words(words))
+    default = make_decoder("top_down", settings, vocab_size, 16).train()
+    assert not torch.equal(default.embed_words(words), default.embed_words(words))
+    assert not any("parametrizations" in k for k in default.state_dict())
 
 
 def test_sampling_noise_draws_each_row_by_its_own_uniform():

@@ -132,12 +132,61 @@ def test_show_attend_tell_grid_is_196_locations(stages_file):
     assert (args["image-size"], args["grid"], args["layer"]) == ("224", "14", "layer3")
 
 
-def test_bottom_up_replication_reads_bottom_up_regions_with_beam_search():
-    config = experiment("coco/bottom_up/top_down.yaml")
-    assert config["data"]["features"] == ["coco/features/regions.json"]
-    assert config["eval"]["beam_size"] > 1  # "we also use beam search for the decoding part"
+# The replication ran poojahira's image-captioning-bottom-up-top-down and states none of these:
+# each is that implementation's (commit 4fc5bf2, file:line there).
+@pytest.mark.parametrize("setting, stated", [
+    ("decoder.embed", 1024),               # train.py:18 emb_dim
+    ("decoder.att_hidden", 1024),          # train.py:19 attention_dim
+    ("decoder.hidden", 1024),              # train.py:20 decoder_dim
+    ("decoder.dropout", 0.5),              # train.py:21, on h1 and h2 (models.py:139, 143)
+    ("decoder.word_dropout", False),       # models.py:116, 137: no dropout on the embedding
+    ("decoder.att_activation", "relu"),    # models.py:36; README: "ReLU ... instead of Tanh"
+    ("decoder.att_dropout", 0.5),          # models.py:24, 36, 66
+    ("decoder.weight_norm", True),         # models.py:20-22, 73
+    ("decoder.feature_embed", 0),          # models.py:107, 137-138: the features themselves
+    ("data.features", ["coco/features/regions.json"]),  # bottom-up features
+    ("data.box_geometry", False),          # datasets.py:57-59
+    ("data.seq_per_img", 5),               # create_input_files.py:7
+    ("train.batch_size", 20),              # x 5 captions: train.py:29's 100 captions a step
+    ("train.epochs", 50),                  # train.py:27
+    ("train.optimizer.name", "adamax"),    # train.py:56
+    ("train.optimizer.betas", [0.9, 0.999]),  # train.py:56: Adamax's defaults
+    ("train.lr", 2e-3),                    # train.py:56, Adamax's default; README "2e-3"
+    ("train.lr_decay_every", 0),           # no decay but on a plateau:
+    ("train.lr_decay_patience", 8),        # train.py:87-88
+    ("train.lr_decay_rate", 0.8),          # train.py:88
+    ("train.early_stop_patience", 20),     # train.py:85-86
+    ("train.select_on", "bleu4"),          # train.py:105-114, utils.py:173-174
+    ("train.grad_clip", 0.25),             # train.py:175
+    ("eval.beam_size", 5),                 # eval.py:168
+    ("eval.max_len", 50),                  # eval.py:139-141
+    ("eval.max_refs", 5),                  # eval.py:147-153: the 5 captions kept an image
+])
+def test_bottom_up_replication_follows_poojahiras_implementation(setting, stated):
+    assert value(experiment("coco/bottom_up/top_down.yaml"), setting) == stated
+
+
+def test_bottom_up_replication_reads_36_regions_and_has_a_cider_optimised_row():
+    """36 boxes an image (poojahira's README; tsv.py:36); the CIDEr-optimised row (Table 1's
+    third): SCST on CIDEr-D, one sample against the greedy decode (eqs 10-11), from the XE
+    run's best checkpoint, kept on val CIDEr at a constant lr whatever the XE run kept."""
     args = stage_args("coco.yaml", "extract_regions")
-    assert (args["arch"], args["min-boxes"], args["max-boxes"]) == ("bottom-up", "10", "100")
+    assert (args["arch"], args["min-boxes"], args["max-boxes"]) == ("bottom-up", "36", "36")
+    stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
+    rl = stages["rl_bottom_up"]
+    sets = dict(a.split("=", 1) for a in shlex.split(rl["cmd"]) if "=" in a)
+    assert rl["params"]["samples"] == 1 and sets["objective.samples"] == "${samples}"
+    assert {k: sets[k] for k in ("objective.name", "objective.reward.name", "train.init_from",
+                                 "train.select_on", "train.lr_decay_every",
+                                 "train.lr_decay_patience", "train.early_stop_patience")} == {
+        "objective.name": "scst", "objective.reward.name": "cider-d",
+        "train.init_from": "coco/runs/bottom_up/top_down/best.pt", "train.select_on": "cider",
+        "train.lr_decay_every": "0", "train.lr_decay_patience": "0",
+        "train.early_stop_patience": "0"}
+    assert rl["outs"] == ["coco/runs/bottom_up/top_down-rl"]
+    assert "bottom_up/top_down-rl" in stages["evaluate"]["foreach"]
+    assert shlex.split(stages["tables_bottom_up"]["cmd"])[2:4] == [
+        "coco/evals/bottom_up/top_down", "coco/evals/bottom_up/top_down-rl"]
 
 
 def test_gru_baseline():

@@ -16,6 +16,7 @@ identity's and the weights fit the decoder the experiment describes
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 from pathlib import Path
@@ -122,6 +123,7 @@ def load_checkpoint(path: str | Path) -> dict:
     check_form(payload, path)
     payload["path"] = str(path)
     payload = upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
+    payload["identity"] = with_new_decoder_settings(payload["identity"])
     from trainer.config import read_old_keys  # objective.cider_cache, train.betas, ...
 
     payload["experiment"] = read_old_keys(payload["experiment"], str(path))
@@ -129,6 +131,24 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(payload.get("table"), dict):  # saved before checkpoints said it
         payload["table"] = table_labels_of(payload["experiment"])
     return payload
+
+
+def with_new_decoder_settings(saved: dict) -> dict:
+    """The identity with each decoder setting added since it was saved, at its default.
+
+    A decoder's new setting defaults to what the decoder did before it (top_down's
+    ``att_activation: tanh``), so that is what the saved run had: without this, its identity
+    would differ from the one its own experiment now reads as, and every command would refuse
+    it (``decoder.att_activation: the checkpoint has None, this run has 'tanh'``)."""
+    from trainer.decoders import DECODERS
+
+    decoder = saved["decoder"]
+    if decoder.get("name") not in DECODERS:
+        return saved  # check_contents names the unknown decoder
+    defaults = {f.name: f.default for f in dataclasses.fields(DECODERS.get(decoder["name"]).Config)
+                if f.default is not dataclasses.MISSING}
+    return {**saved, "decoder": {**decoder, **{k: v for k, v in defaults.items()
+                                               if k not in decoder}}}
 
 
 def table_labels(objective) -> dict:

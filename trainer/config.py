@@ -84,6 +84,10 @@ class TrainConfig:
     grad_clip: float = bounded(5.0, 0)  # max gradient norm; 0 disables
     lr_decay_every: int = bounded(0, 0, MAX_EPOCHS)  # epochs; 0 keeps lr constant
     lr_decay_rate: float = bounded(0.8, above=0, high=1)
+    # trainer/selection.py: what best.pt keeps, and what epochs without a better one do
+    select_on: Literal["cider", "bleu4"] = "cider"  # the greedy validation score best.pt keeps
+    lr_decay_patience: int = bounded(0, 0, MAX_EPOCHS)  # lr x lr_decay_rate each N such; 0: never
+    early_stop_patience: int = bounded(0, 0, MAX_EPOCHS)  # stop after N such epochs; 0: never
     checkpoint_every: int = bounded(0, 0, MAX_STEPS)  # steps; 0: at the end of each epoch only
     log_every: int = bounded(10, 1, MAX_STEPS)  # steps between train lines in metrics.jsonl
     val_images: int = bounded(0, 0, MAX_IMAGES)  # 0: the whole validation split

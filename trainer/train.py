@@ -1,4 +1,4 @@
-"""Training on cached features, validated by greedy CIDEr each epoch: the loop.
+"""Training on cached features, validated by greedy CIDEr (or BLEU-4) each epoch: the loop.
 
 What a step minimises is the experiment's objective (trainer/objectives/:
 cross-entropy, SCST, coarse-to-fine, ...), a component the loop calls without
@@ -15,7 +15,8 @@ Under ``torchrun`` the same loop runs in every process (pipeline/core/ranks.py):
 DDP synchronises the gradients, each rank reads and scores its part of every
 global batch and of the validation images, and only rank 0 writes. A
 checkpoint does not depend on the number of processes that wrote it.
-Outputs in ``out_dir``: ``last.pt``, ``best.pt`` (best validation CIDEr),
+Outputs in ``out_dir``: ``last.pt``, ``best.pt`` (best validation CIDEr, or the score
+``train.select_on`` names: trainer/selection.py),
 ``metrics.jsonl`` (one JSON object per logged step or validation),
 ``config.json``, ``summary.json``, ``state.json`` (running, finished, failed or
 stopped: trainer/runs.py), and ``events/`` (TensorBoard) when ``train.tensorboard``
@@ -57,11 +58,12 @@ from trainer.evaluation.validate import validate
 from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
 from trainer.optimizers import build_optimizer
 from trainer.runs import RunRecord
+from trainer.selection import epochs_without_better, lr_decay_due, out_of_patience
 
 log = logging.getLogger(__name__)
 # init_from: the start is compared by content (its md5, in resume), wherever the file now lies
 RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every", "init_from",
-                     "tensorboard"}
+                     "tensorboard", "early_stop_patience"}
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
 
@@ -74,6 +76,9 @@ class TrainResult:
     steps: int
     resumed_at: tuple[int, int] | None  # (epoch, batch) of the checkpoint resumed from
     seconds: float
+    select_on: str = "cider"  # the validation score best.pt was kept on
+    best_score: float | None = None  # that score of best.pt (best_cider: its CIDEr)
+    stopped_early: bool = False  # train.early_stop_patience ended it before train.epochs
 
 
 @dataclass
@@ -84,9 +89,12 @@ class EpochReport:
     epochs: int  # planned
     loss: float | None  # mean training loss over the epoch's steps (None: none ran)
     val_cider: float  # greedy, on the validation images
-    best_cider: float
+    best_cider: float  # of the kept epoch
     best_epoch: int  # 1-based; 0: the checkpoint the run started from (train.init_from)
     seconds: float  # the epoch's training and validation here (a resumed epoch: its rest)
+    select_on: str = "cider"  # the score the kept epoch is best on
+    val_score: float | None = None  # that score: this epoch's,
+    best_score: float | None = None  # and the kept epoch's
 
 
 def resident_mb() -> float | None:
@@ -158,6 +166,7 @@ class Run:
             self.optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
         self.epoch, self.batch, self.step = 0, 0, 0
         self.best_cider, self.best_epoch = float("-inf"), -1
+        self.best_score = float("-inf")  # of train.select_on; best_cider is the kept epoch's CIDEr
         self.epoch_loss = [0.0, 0]  # this epoch's summed training loss and its steps
         self.events = tensorboard_writer(self.out_dir) if ranks.main and t.tensorboard else None
         self.loss = self.wrap(TrainingLoss(self.model, self.objective))
@@ -192,9 +201,9 @@ class Run:
         check_identity(ckpt["identity"], self.identity, Path(ckpt["path"]))
         self.model.load_state_dict(ckpt["model"])
         # the starting point is the best so far: RL must beat it to replace best.pt
-        self.best_cider = self.validate()
-        self.log({"kind": "val", "epoch": -1, "cider": self.best_cider, "start": path,
-                  "time": time.time()})
+        scores = self.validate()
+        self.best_score, self.best_cider = scores[self.config.train.select_on], scores["cider"]
+        self.log({"kind": "val", "epoch": -1, **scores, "start": path, "time": time.time()})
         self.save("best.pt")
 
     # ----------------------------------------------------------------- checkpoints
@@ -209,6 +218,7 @@ class Run:
             "table": table_labels(self.objective),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
+            "best_score": self.best_score,
             "epoch_loss": list(self.epoch_loss), "start": self.start,
             "capstack_version": pipeline.__version__,
         }
@@ -240,6 +250,8 @@ class Run:
         self.objective.load_state_dict(ckpt["objective"])
         self.epoch, self.batch, self.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
         self.best_cider, self.best_epoch = ckpt["best_cider"], ckpt["best_epoch"]
+        # saved before train.select_on: kept on CIDEr, its only score then
+        self.best_score = ckpt.get("best_score", ckpt["best_cider"])
         # a checkpoint saved before runs kept it: the epoch's mean is of the steps run from here
         self.epoch_loss = list(ckpt.get("epoch_loss", [0.0, 0]))
         self.trim_log()
@@ -371,26 +383,42 @@ class Run:
             + (f"{' and '.join(kept)} kept as they were" if kept else "no checkpoint written")
             + ": check those images' features (capstack verify --deep), or lower train.lr")
 
-    def validate(self) -> float:
+    def validate(self) -> dict[str, float]:
+        """CIDEr-D (the log's, the curves') and the score best.pt is kept on, greedy."""
+        t = self.config.train
         return validate(self.model, self.captions, self.features, self.device,
-                        max_len=self.config.train.max_len, limit=self.config.train.val_images,
-                        autocast=self.autocast, ranks=self.ranks)
+                        max_len=t.max_len, limit=t.val_images, autocast=self.autocast,
+                        ranks=self.ranks, scores=tuple(dict.fromkeys(("cider", t.select_on))))
 
     def end_epoch(self, started: float) -> EpochReport:
         """Validate, keep the best, save; what the epoch gave (``started``: its perf_counter)."""
-        cider = self.validate()
-        self.log({"kind": "val", "epoch": self.epoch, "cider": cider, "rss_mb": resident_mb(),
+        t = self.config.train
+        scores = self.validate()
+        self.log({"kind": "val", "epoch": self.epoch, **scores, "rss_mb": resident_mb(),
                   "time": time.time()})
         self.scheduler.step()
         total, steps = self.epoch_loss
         self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
-        if cider > self.best_cider:
-            self.best_cider, self.best_epoch = cider, self.epoch - 1
+        if scores[t.select_on] > self.best_score:
+            self.best_score, self.best_cider = scores[t.select_on], scores["cider"]
+            self.best_epoch = self.epoch - 1
             self.save("best.pt")
+        if lr_decay_due(t.lr_decay_patience, self.epochs_without_better()):
+            for group in self.optimizer.param_groups:
+                group["lr"] *= t.lr_decay_rate
         self.save("last.pt")
-        return EpochReport(self.epoch, self.config.train.epochs, total / steps if steps else None,
-                           cider, self.best_cider, self.best_epoch + 1,
-                           time.perf_counter() - started)
+        return EpochReport(self.epoch, t.epochs, total / steps if steps else None,
+                           scores["cider"], self.best_cider, self.best_epoch + 1,
+                           time.perf_counter() - started, t.select_on, scores[t.select_on],
+                           self.best_score)
+
+    def epochs_without_better(self) -> int:
+        return epochs_without_better(self.epoch, self.best_epoch)
+
+    def out_of_patience(self) -> bool:
+        """Whether ``train.early_stop_patience`` epochs have passed without a better one."""
+        return out_of_patience(self.config.train.early_stop_patience,
+                               self.epochs_without_better())
 
     def standing(self) -> dict:
         """Where the run stands, for its ``state.json``."""
@@ -560,7 +588,7 @@ def train_epochs(run: Run, resumed_at: tuple[int, int] | None, progress: bool,
     if ranks.main:
         write_json(out_dir / "config.json", config.to_dict())
     record.begin(**run.standing())
-    while run.epoch < config.train.epochs:
+    while run.epoch < config.train.epochs and not run.out_of_patience():
         epoch_started = time.perf_counter()
         run.run_epoch(progress)
         report = run.end_epoch(epoch_started)
@@ -573,7 +601,8 @@ def train_epochs(run: Run, resumed_at: tuple[int, int] | None, progress: bool,
     if ranks.main:
         record_experiment(out_dir, config.to_dict())
     result = TrainResult(out_dir, run.best_cider, run.best_epoch, run.epoch, run.step, resumed_at,
-                         time.perf_counter() - started)
+                         time.perf_counter() - started, config.train.select_on, run.best_score,
+                         run.epoch < config.train.epochs)
     if not ranks.main:
         return result
     write_json(out_dir / "summary.json",

@@ -6,14 +6,22 @@
     alpha_t = softmax(a_t),  v_hat_t = sum_i alpha_it v_i   (4), (5)
     h2_t = LSTM_2([v_hat_t, h1_t], h2_{t-1})              language LSTM
     p(y_t) = softmax(W_p h2_t + b_p)
+
+The settings after ``feature_embed`` give poojahira's implementation, which the bottom-up/top-down
+replication (El Baz 2020) ran: ReLU in (3) with dropout on its output (``att_activation: relu``,
+``att_dropout: 0.5``), weight-normalised W_va, W_ha, w_a and W_p (``weight_norm``), and dropout
+on h2 alone, not on W_e Pi_t (``word_dropout: false``). Their defaults are Anderson et al.'s
+equations above, the decoder as it was before them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.parametrizations import weight_norm
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, State
@@ -31,6 +39,10 @@ class TopDownConfig(DecoderConfig):
     att_hidden: int = 512
     dropout: float = 0.5
     feature_embed: int = 0  # > 0: v_i -> ReLU(W v_i) of this size first (modules/feature_embed.py)
+    att_activation: Literal["tanh", "relu"] = "tanh"  # in (3): Anderson et al.'s tanh, or ReLU
+    att_dropout: float = 0.0  # on (3)'s activated hidden layer, before w_a
+    weight_norm: bool = False  # W_va, W_ha, w_a and W_p as g * v / ||v||, per output row
+    word_dropout: bool = True  # dropout on W_e Pi_t too, not only on h2 before W_p
 
 
 @DECODERS.register("top_down")
@@ -50,10 +62,15 @@ class TopDown(Decoder):
         self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
         self.word_embed = nn.Embedding(vocab_size, e)  # W_e
         self.attention_lstm = PartsLSTMCell({"h2": h, "mean": feature_dim, "word": e}, ["h2"], h)
-        self.attention = AdditiveAttention(feature_dim, h, config.att_hidden)
+        self.attention = AdditiveAttention(feature_dim, h, config.att_hidden,
+                                           config.att_activation, config.att_dropout)
         self.language_lstm = nn.LSTMCell(feature_dim + h, h)
         self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(h, vocab_size)  # W_p
+        if config.weight_norm:
+            for layer in (self.attention.feature_proj, self.attention.query_proj,
+                          self.attention.score, self.out):
+                weight_norm(layer)
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         if self.feature_embed is not None:
@@ -68,7 +85,10 @@ class TopDown(Decoder):
 
     def embed_words(self, words: Tensor) -> Tensor:
         """The words' share of the attention LSTM's gates, W_e Pi_t's product: [...] -> [..., 4h]."""
-        return self.attention_lstm.project("word", self.dropout(self.word_embed(words)))
+        embedded = self.word_embed(words)
+        if self.config.word_dropout:
+            embedded = self.dropout(embedded)
+        return self.attention_lstm.project("word", embedded)
 
     def step_hidden(self, word_gates: Tensor, state: State, ctx: Context):
         h1, c1, h2, c2 = state

@@ -138,12 +138,21 @@ def _check_inputs(candidates: dict[int, str],
 
 def cider(candidates: dict[int, str], references: dict[int, list[str]]) -> float:
     """CIDEr-D of already-tokenized text; fast (no Java), for per-epoch validation."""
-    from pycocoevalcap.cider.cider import Cider
+    return _pretokenized(_cider, candidates, references)[0]
 
+
+def bleu4(candidates: dict[int, str], references: dict[int, list[str]]) -> float:
+    """BLEU-4 (corpus level, closest reference length) of already-tokenized text; for a
+    per-epoch validation that keeps the best BLEU-4 (``train.select_on: bleu4``)."""
+    return _pretokenized(_bleu, candidates, references)[3]
+
+
+def _pretokenized(scorer, candidates: dict[int, str], references: dict[int, list[str]]
+                 ) -> list[float]:
+    """``scorer``'s values for text tokenized already (no PTB, no Java)."""
     refs = _check_inputs(candidates, references)
     res = {image_id: [caption] for image_id, caption in candidates.items()}
-    value, _ = Cider().compute_score(refs, res)
-    return float(value)
+    return [float(v) for v in scorer(refs, res)]
 
 
 def _close_meteor(meteor: Any) -> None:
