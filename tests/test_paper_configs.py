@@ -225,7 +225,7 @@ def test_hacap_on_flickr8k():
     assert "objective.name=adversarial" in stages["adversarial_hacap"]["cmd"]
 
 
-VARIANTS = sorted((ROOT / "configs" / "coco" / "stack_cap" / "variants").glob("*.yaml"))
+VARIANTS = sorted((ROOT / "configs" / "coco").glob("*/variants/*.yaml"))
 
 
 def flat(config: dict, prefix: str = "") -> dict:
@@ -238,28 +238,41 @@ def flat(config: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize("path", VARIANTS, ids=[p.stem for p in VARIANTS])
+def changed_keys(a: dict, b: dict, ignore=("name",)) -> set[str]:
+    return {k for k in set(flat(a)) | set(flat(b)) if k not in ignore and flat(a).get(k) != flat(b).get(k)}
+
+
+@pytest.mark.parametrize("path", VARIANTS, ids=[f"{p.parent.parent.name}/{p.stem}" for p in VARIANTS])
 def test_a_variant_says_what_it_changes_and_leaves_the_paper_row_alone(path):
     """A variant's name is its paper row's, then +WHAT; what differs from the row it extends
-    (its experiment, or its RL stage's item) is WHAT, and nothing else."""
+    (its experiment, its train stage's inputs, or its RL stage's item) is WHAT, and nothing
+    else; it has rows in its block's variants table, never in the paper's own table."""
+    paper_block = path.parent.parent.name
     base_name, _, what = path.stem.partition("+")
     assert what, f"{path.name}: a variant is named APPROACH+WHAT"
-    variant = experiment(f"coco/stack_cap/variants/{path.name}")
-    paper = experiment(f"coco/stack_cap/{base_name}.yaml")
+    variant = experiment(f"coco/{paper_block}/variants/{path.name}")
+    paper = experiment(f"coco/{paper_block}/{base_name}.yaml")
     assert variant["name"] == path.stem and paper["name"] == base_name
-    changed = {k for k in set(flat(variant)) | set(flat(paper))
-               if k != "name" and flat(variant).get(k) != flat(paper).get(k)}
+    changed = changed_keys(variant, paper)
     stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
+    key, paper_key = f"{paper_block}/variants/{path.stem}", f"{paper_block}/{base_name}"
+    train = stages["train"]["foreach"]  # a variant of the RL stage alone reuses the paper's XE
+    train_changed = changed_keys(train[key], train[paper_key], ignore=("base",)) \
+        if key in train else set()
+    assert key not in train or train[key]["base"] == paper_key
     rl = stages["rl"]["foreach"]
-    key, paper_key = f"stack_cap/variants/{path.stem}", f"stack_cap/{base_name}"
-    rl_changed = {k for k in rl[paper_key] if k not in ("xe", "base")
-                  and rl[key].get(k) != rl[paper_key][k]}
+    rl_changed = ({k for k in rl[paper_key] if k not in ("xe", "base")
+                   and rl[key].get(k) != rl[paper_key][k]} if key in rl else set())
     assert changed or rl_changed, f"{path.name} changes nothing"
-    assert all(k.rsplit(".", 1)[-1] in what for k in changed | rl_changed), (changed, rl_changed)
-    assert rl[key]["base"] == paper_key
-    assert key in stages["evaluate"]["foreach"] or f"{key}-rl" in stages["evaluate"]["foreach"]
-    assert f"coco/evals/{key}-rl" in stages["tables_stack_cap_variants"]["cmd"]
-    assert key not in stages["tables_stack_cap"]["cmd"]  # the paper's table: its rows alone
+    assert all(k.rsplit(".", 1)[-1] in what for k in changed | rl_changed | train_changed), \
+        (changed, train_changed, rl_changed)
+    if key in rl:
+        assert rl[key]["base"] == paper_key
+    rows = [k for k in (key, f"{key}-rl") if k in stages["evaluate"]["foreach"]]
+    assert rows, f"{key}: never evaluated"
+    table = stages[f"tables_{paper_block}_variants"]["cmd"]
+    assert all(f"coco/evals/{row} " in table for row in rows)
+    assert key not in stages[f"tables_{paper_block}"]["cmd"]  # the paper's table: its rows alone
 
 
 @pytest.mark.parametrize("stages_file", ["coco.yaml", "flickr8k.yaml", "flickr30k.yaml"])
