@@ -11,8 +11,13 @@ the larger of the two rows' spreads (std over seeds). Runs that finished are
 reused, so an interrupted benchmark resumes; results go to OUT/results.json, beside
 those of approaches an earlier --only run measured.
 
+A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment that
+``extends:`` the approach's and changes what its name says), is a row of its own:
+``--only stack_cap stack_cap+feature_embed`` trains both, the variant with its
+approach's stage settings, and prints what the change did, in spreads.
+
     python benchmarks/approaches_over_seeds.py [--seeds 0 1 2] [--out runs/seeds]
-        [--only show_tell soft_attention]
+        [--only show_tell soft_attention stack_cap+feature_embed]
 """
 
 from __future__ import annotations
@@ -82,17 +87,34 @@ def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
     return 100 * evaluate_checkpoint(run, run / "eval", figures=0, spice=False)["metrics"]["CIDEr"]
 
 
+EXPERIMENTS = ROOT / "configs" / "experiments"
+
+
+def approach_of(name: str) -> str:
+    """The approach a row trains as: a variant APPROACH+WHAT trains as APPROACH."""
+    return name.split("+", 1)[0]
+
+
+def experiment_file(name: str) -> Path:
+    """An approach's experiment, or a variant's (configs/experiments/variants/)."""
+    path = EXPERIMENTS / ("variants" if "+" in name else "") / f"{name}.yaml"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such experiment (approaches: {', '.join(DECODERS)}; "
+                         f"variants: configs/experiments/variants/APPROACH+WHAT.yaml)")
+    return path
+
+
 def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) -> dict:
     settings = stage_settings(ROOT / "stages.yaml")
     results = {}
     for name in names:
-        experiment = ROOT / "configs" / "experiments" / f"{name}.yaml"
-        phases = [(key, settings[f"{family}@{name}"]) for key, family in PHASES
-                  if rl_too and f"{family}@{name}" in settings]
+        experiment, approach = experiment_file(name), approach_of(name)
+        phases = [(key, settings[f"{family}@{approach}"]) for key, family in PHASES
+                  if rl_too and f"{family}@{approach}" in settings]
         entry = results.setdefault(name, {"xe": [], "rl": [], "objective": "-"})
         for seed in seeds:
             xe_run = out / f"{name}-seed{seed}"
-            xe = run_once(experiment, xe_run, seeded(settings.get(f"train@{name}", []), seed))
+            xe = run_once(experiment, xe_run, seeded(settings.get(f"train@{approach}", []), seed))
             entry["xe"].append(xe)
             line = f"seed {seed} {name:>15}: test CIDEr XE {xe:5.1f}"
             for key, overrides in phases:
@@ -140,6 +162,14 @@ def report(results: dict) -> None:
                 margin, units, holds = verdict(np.array(results[better][block]),
                                                np.array(results[worse][block]), relation)
                 print(f"  {said}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
+    variants = [(name, approach_of(name)) for name in results
+                if "+" in name and approach_of(name) in results]
+    for block in blocks if variants else []:
+        print(f"\nvariants against their paper rows (test CIDEr, {block.upper()})")
+        for name, approach in variants:
+            margin, units, _ = verdict(np.array(results[name][block]),
+                                       np.array(results[approach][block]), "~")
+            print(f"  {name} - {approach}: {margin:+.1f} ({units:+.1f} spreads)")
     if "rl" in blocks:
         print("\nRL > XE (each approach's RL run against its own XE start)")
         for name, r in results.items():
