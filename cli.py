@@ -206,16 +206,23 @@ def force_output_option(func):
               type=click.IntRange(0, MAX_SEED))
 @click.option("--size", default=128, show_default=True, help="Image side in pixels.",
               type=click.IntRange(16, 1024))
+@click.option("--captions", "caption_style", type=click.Choice(["grammar", "free"]),
+              default="grammar", show_default=True,
+              help="Caption style: grammar (a few fixed patterns) or free (freer word order, "
+                   "more synonyms, as people write). Images, ids, splits and boxes are the same "
+                   "for both; only the sentences differ.")
 @force_output_option
-def shapes(out_dir, n_train, n_val, n_test, seed, size, force):
+def shapes(out_dir, n_train, n_val, n_test, seed, size, caption_style, force):
     """Draw the shapes dataset: OUT_DIR/images/ and OUT_DIR/dataset_shapes.json (Karpathy format)."""
     from pipeline.demo.shapes import write_shapes_dataset
 
     summary = write_shapes_dataset(out_dir, n_train=n_train, n_val=n_val, n_test=n_test,
-                                   seed=seed, size=size, progress=True, force=force)
+                                   seed=seed, size=size, progress=True, force=force,
+                                   captions=caption_style)
     splits = ", ".join(f"{k} {v}" for k, v in summary["splits"].items())
-    click.echo(f"shapes: {summary['images']} images ({splits}), {summary['captions']} captions, "
-               f"{summary['words']} distinct words -> {summary['json']}")
+    style = "" if caption_style == "grammar" else f" ({caption_style} style)"
+    click.echo(f"shapes: {summary['images']} images ({splits}), {summary['captions']} captions"
+               f"{style}, {summary['words']} distinct words -> {summary['json']}")
 
 
 @stage_command("prepare", code="pipeline.captions.prepare")
@@ -233,14 +240,24 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size, force):
 @click.option("--restval", type=NamesOf("pipeline.captions.prepare:RESTVAL"), default="train",
               show_default=True, help="COCO's restval images: train images, or dropped (the "
                                       "82,783 train images Show, Attend and Tell trains on).")
+@click.option("--lemmatize", is_flag=True,
+              help="Lemmatise every caption word (dogs -> dog, are -> be) with simplemma, "
+                   "English, before the vocabulary is chosen, as HACap does; the references "
+                   "(refs_*.json: every score and reward) are lemmatised too. Needs the "
+                   "simplemma package (pipeline/captions/lemmatize.py).")
 @force_output_option
-def prepare(dataset_json, out_dir, min_count, max_len, vocab_rule, restval, force):
+def prepare(dataset_json, out_dir, min_count, max_len, vocab_rule, restval, lemmatize, force):
     """Karpathy-format json -> vocabulary, captions HDF5, COCO-format references per split."""
+    from pipeline.captions.lemmatize import DEFAULT_LEMMATIZER
     from pipeline.captions.prepare import prepare_captions
 
     s = prepare_captions(dataset_json, out_dir, min_count=min_count, max_len=max_len,
-                         vocab_rule=vocab_rule, restval=restval, progress=True, force=force)
+                         vocab_rule=vocab_rule, restval=restval,
+                         lemmatizer=DEFAULT_LEMMATIZER if lemmatize else None, progress=True,
+                         force=force)
     rule = "" if vocab_rule == "capstack" else f", rule {vocab_rule}"
+    if "lemmatizer" in s:
+        rule += f", lemmatised by {s['lemmatizer']['name']} {s['lemmatizer']['version']}"
     click.echo(f"prepare: {out_dir}: vocabulary {s['vocab_size']} words (min count {min_count}"
                f"{rule}), "
                f"{s['unk_tokens']} train tokens -> <unk>, {s['truncated']} captions truncated "

@@ -141,13 +141,14 @@ def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, o
 
 @pytest.mark.slow
 def test_hacaps_adversarial_phase_on_two_processes_trains_as_one_process(data, tmp_path):
-    """D's pre-training, adversarial batches (rollouts ranked over the global batch) and an ML
-    interlude: the same losses and D losses step by step on 1 and 2 processes."""
+    """Adversarial batches (rollouts ranked over the global batch), D's rounds on global sets
+    and an ML interlude: the same losses and D losses step by step on 1 and 2 processes."""
     root, _ = data
     exp = experiment_without_dropout(root, "hacap", tmp_path)
     train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "ml", progress=False)
     adversarial = ["objective.name=adversarial", f"train.init_from={tmp_path / 'ml' / 'best.pt'}",
-                   "train.epochs=2", "objective.discriminator_pretrain=1", "objective.ml_every=3",
+                   "train.epochs=2", "objective.ml_every=3",
+                   "objective.discriminator={sets: 1, epochs: 1, batch_size: 8, heldout_images: 4}",
                    "objective.ml_batches=1", "objective.rollouts=2", "train.lr=1e-3"]
     train(load_experiment(exp, adversarial), tmp_path / "one", progress=False)
     sets = [word for item in adversarial for word in ("--set", item)]
@@ -161,6 +162,11 @@ def test_hacaps_adversarial_phase_on_two_processes_trains_as_one_process(data, t
         got, expected = ([x.get(key, 0.0) for x in lines] for lines in (two, one))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=key)
     assert {"d_loss", "intrinsic", "xe"} <= {k for x in one for k in x}  # every phase ran
+    rounds = [[(x["round"], x["step"], x["heldout_accuracy"], x["d_loss"]) for x in map(
+        json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if x["kind"] == "discriminator"] for run in (tmp_path / "one", tmp_path / "two")]
+    assert rounds[0] and [r[:3] for r in rounds[1]] == [r[:3] for r in rounds[0]]
+    np.testing.assert_allclose([r[3] for r in rounds[1]], [r[3] for r in rounds[0]], rtol=1e-5)
 
 
 DECODER_LOOP = """

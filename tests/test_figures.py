@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from pipeline.core.errors import CapstackError
-from trainer.evaluation.figures import (attention_figure, on_one_axis, training_curves,
-                                        upsampled_attention)
+from trainer.evaluation.figures import (attention_figure, curves_figure, on_one_axis,
+                                        training_curves, upsampled_attention)
 
 H, W, K = 48, 64, 4
 
@@ -172,6 +172,68 @@ def test_xe_then_rl_curves_on_one_axis(tmp_path):
 def test_training_curves_without_val_lines(tmp_path):
     metrics = _write_jsonl(tmp_path / "metrics.jsonl", _train_records(5))
     _png_size(training_curves(metrics, tmp_path / "curves.png"))
+
+
+def _rounds(steps: list[int], phase: str = "adversarial", first_round: int = 1) -> list[dict]:
+    return [{"kind": "discriminator", "epoch": s // 20, "step": s, "round": first_round + k,
+             "phase": phase, "heldout_accuracy": 0.9 - 0.01 * s, "heldout_real": 0.8,
+             "heldout_fake": 0.2, "d_loss": 0.5, "time": 0.0} for k, s in enumerate(steps)]
+
+
+def _lines(ax) -> dict[str, tuple[list, list]]:
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+            for line in ax.get_lines()}
+
+
+def test_curves_without_discriminator_rounds_are_unchanged(tmp_path):
+    val = [{"kind": "val", "epoch": e, "cider": 0.5} for e in range(3)]
+    plain = _write_jsonl(tmp_path / "plain.jsonl", _train_records() + val)
+    fig = curves_figure(plain)
+    assert len(fig.axes) == 2 and tuple(fig.get_size_inches()) == (10, 4)
+    assert [ax.get_xlabel() for ax in fig.axes] == ["step", "epoch"]
+    # rounds that scored no held-out image (heldout_images 0) draw nothing either
+    unscored = [{**r, "heldout_accuracy": float("nan")} for r in _rounds([20])]
+    assert len(curves_figure(_write_jsonl(tmp_path / "nan.jsonl", _train_records() + val
+                                          + unscored)).axes) == 2
+    assert len(curves_figure(plain, before=plain).axes) == 3  # the RL loss's own scale
+
+
+def test_discriminator_rounds_add_a_panel_on_the_step_axis(tmp_path):
+    val = [{"kind": "val", "epoch": e, "cider": 0.5 + 0.1 * e} for e in range(3)]
+    rounds = _rounds([1, 1], "pretrain") + _rounds([20, 40], first_round=3)
+    metrics = _write_jsonl(tmp_path / "metrics.jsonl", _train_records() + val + rounds)
+    fig = curves_figure(metrics)
+    assert len(fig.axes) == 4  # loss, CIDEr by epoch, D by step, CIDEr by step (right)
+    loss_ax, _, d_ax, cider_by_step = fig.axes
+    assert tuple(fig.get_size_inches()) == (15, 4)
+    assert d_ax.get_shared_x_axes().joined(loss_ax, d_ax) and d_ax.get_xlabel() == "step"
+    lines = _lines(d_ax)
+    assert lines["D held-out accuracy (pre-training)"] == ([1, 1], [0.89, 0.89])
+    assert lines["D held-out accuracy"] == ([20, 40], [pytest.approx(0.7), pytest.approx(0.5)])
+    assert lines["chance"][1] == [0.5, 0.5] and d_ax.get_lines()[-1].get_linestyle() == "--"
+    # each validation at the last logged step of its epoch (_train_records: 20 steps an epoch)
+    assert _lines(cider_by_step)["validation CIDEr"] == ([19, 39, 59], [0.5, 0.6, 0.7])
+    assert {t.get_text() for t in d_ax.get_legend().get_texts()} == {
+        "D held-out accuracy (pre-training)", "D held-out accuracy", "chance", "validation CIDEr"}
+    assert _png_size(training_curves(metrics, tmp_path / "curves.png")) == (1500, 400)
+
+
+def test_discriminator_rounds_after_the_run_started_from(tmp_path):
+    xe_val = [{"kind": "val", "epoch": e, "cider": 0.3 + 0.05 * e} for e in range(3)]
+    xe = _write_jsonl(tmp_path / "xe.jsonl", _train_records(60) + xe_val)
+    adv_train = [{"kind": "train", "epoch": (s - 1) // 10, "step": s, "loss": 1.0}
+                 for s in range(1, 21)]
+    adv_val = [{"kind": "val", "epoch": -1, "cider": 0.4, "start": "xe/best.pt"},
+               {"kind": "val", "epoch": 0, "cider": 0.45}, {"kind": "val", "epoch": 1, "cider": 0.5}]
+    adv = _write_jsonl(tmp_path / "adv.jsonl", adv_train + adv_val + _rounds([1], "pretrain")
+                       + _rounds([10, 20], first_round=2))
+    fig = curves_figure(adv, before=xe)
+    assert len(fig.axes) == 5  # loss, CIDEr by epoch, D; then the loss's RL scale, CIDEr by step
+    lines = _lines(fig.axes[2])
+    assert lines["D held-out accuracy (pre-training)"][0] == [60]  # after XE's last step (59)
+    assert lines["D held-out accuracy"][0] == [69, 79]
+    assert _lines(fig.axes[4])["validation CIDEr"][0] == [19, 39, 59, 59, 69, 79]
+    _png_size(training_curves(adv, tmp_path / "curves.png", before=xe))
 
 
 def test_malformed_line_names_file_and_line(tmp_path):

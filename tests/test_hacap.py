@@ -68,8 +68,9 @@ def test_sru_gates_limits():
 
 # ---------------------------------------------------------------------------- the decoder
 
-def test_teacher_forced_logits_equal_the_step_by_step_ones():
-    model = tiny_hacap().eval()
+@pytest.mark.parametrize("goal_space", ["features", "subgoal"])
+def test_teacher_forced_logits_equal_the_step_by_step_ones(goal_space):
+    model = tiny_hacap(goal_space=goal_space).eval()
     feats, mask = images()
     captions = caption_rows()
     ctx = model.encode(feats, mask)
@@ -91,6 +92,22 @@ def test_goals_have_unit_norm_and_the_leaked_feature_is_causal():
     changed[:, 4] = (changed[:, 4] + 1) % 20  # word 4
     f, f_changed = (model.discriminator.features(c) for c in (captions, changed))
     assert torch.equal(f[:, :4], f_changed[:, :4]) and not torch.equal(f[:, 4], f_changed[:, 4])
+
+
+def test_the_subgoal_reading_puts_the_goal_and_the_features_in_goal_size_numbers():
+    """goal_space: subgoal (the paper's "subgoal vector g_t, with 6 dimensions" read as g itself):
+    g has goal_size numbers, f is seen through a fixed orthonormal map, w_t = the summed g."""
+    model = tiny_hacap(goal_space="subgoal").eval()
+    feats, mask = images()
+    out = model(model.encode(feats, mask), caption_rows())
+    k = model.config.goal_size
+    assert out.extras["goals"].shape[2] == k and out.extras["features"].shape[2] == k
+    projection = model.feature_projection
+    assert torch.allclose(projection @ projection.T, torch.eye(k), atol=1e-5)
+    assert "feature_projection" not in dict(model.named_parameters())  # fixed: not trained
+    window = torch.randn(2, k)
+    assert torch.equal(model.subgoal(window), window)
+    assert model.config.goal_space == "subgoal" and not hasattr(model, "goal_weights")
 
 
 def test_the_discriminator_reads_text_only_and_scores_in_0_1():
@@ -169,21 +186,72 @@ def test_rank_rewards_lie_in_0_1_are_monotone_and_depend_on_ranks_only():
 
 # ---------------------------------------------------------------------------- training
 
+# D's rounds at a size a test affords: one set of the split, one epoch, a few held-out images
+SMALL_ROUNDS = {"sets": 1, "epochs": 1, "batch_size": 8, "lr": 1.0e-3, "heldout_images": 4}
+
+
 @pytest.fixture(scope="module")
 def ml_run(tmp_path_factory):
-    """Maximum likelihood (the ``xe`` objective) for two epochs on tiny shapes data."""
+    """Maximum likelihood with D's rounds alongside (``interleaved_pretraining``), two epochs
+    on tiny shapes data."""
     root = tmp_path_factory.mktemp("hacap")
     _, prepared = make_prepared(root)
     store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
     exp = write_experiment(root / "hacap.yaml", decoder="hacap", captions=prepared,
-                           features=[store], epochs=2)
+                           features=[store], epochs=2, log_every=1,
+                           objective={"name": "interleaved_pretraining", "round_every": 0.5,
+                                      "discriminator": SMALL_ROUNDS})
     train(load_experiment(exp), root / "ml", progress=False)
     return root, exp
 
 
-ADVERSARIAL = ["objective.name=adversarial", "objective.discriminator_pretrain=2",
-               "objective.ml_every=2", "objective.ml_batches=1", "objective.rollouts=2",
-               "train.lr=1e-3"]
+ADVERSARIAL = ["objective.name=adversarial", "objective.ml_every=2", "objective.ml_batches=1",
+               "objective.rollouts=2", "train.lr=1e-3",
+               "objective.discriminator=" + json.dumps(SMALL_ROUNDS)]
+
+
+def entries(run_dir, kind: str) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["kind"] == kind]
+
+
+def test_the_ml_phase_trains_d_in_rounds_and_logs_its_held_out_accuracy(ml_run):
+    from trainer.checkpoint import load_checkpoint
+    from trainer.decoders import build_decoder
+    from trainer.config import load_experiment as load
+
+    root, exp = ml_run
+    trained = load_checkpoint(root / "ml" / "last.pt")
+    config = load(exp)
+    torch.manual_seed(config.train.seed)  # the run's initial weights
+    initial = build_decoder("hacap", config.decoder.config, len(trained["vocab"]["itow"]),
+                            trained["feature_dim"])
+    d_now = {k[len("discriminator."):]: v for k, v in trained["model"].items()
+             if k.startswith("discriminator.")}
+    changed = [k for k, v in initial.discriminator.state_dict().items()
+               if not torch.equal(v, d_now[k])]
+    assert changed, "D's parameters did not move during maximum likelihood"
+    rounds = entries(root / "ml", "discriminator")
+    steps = [x["step"] for x in entries(root / "ml", "train")]
+    # 3 batches an epoch, a round every 0.5 epoch (2 batches), the first after the first batch
+    assert [x["step"] for x in rounds] == [s for s in steps if (s - 1) % 2 == 0]
+    assert [x["round"] for x in rounds] == list(range(1, len(rounds) + 1))
+    assert all(x["phase"] == "pretraining" and 0 <= x["heldout_accuracy"] <= 1 for x in rounds)
+    assert trained["objective"]["extra"]["rounds"] == len(rounds)
+
+
+def test_the_ml_phase_resumes_exactly_across_ds_rounds(ml_run, tmp_path):
+    """Killed after epoch 1 and resumed: the same losses, D rounds and held-out scores."""
+    _, exp = ml_run
+    train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "split", progress=False)
+    resumed = train(load_experiment(exp), tmp_path / "split", progress=False)
+    assert resumed.resumed_at == (1, 0)
+    train(load_experiment(exp), tmp_path / "whole", progress=False)
+    untimed = lambda rows: [{k: v for k, v in x.items() if not k.startswith("time")}  # noqa: E731
+                            for x in rows]
+    for kind in ("train", "discriminator"):
+        assert untimed(entries(tmp_path / "split", kind)) == untimed(
+            entries(tmp_path / "whole", kind)), kind
 
 
 def test_an_adversarial_step_raises_ds_score_of_the_generators_samples(ml_run, tmp_path):
@@ -193,11 +261,10 @@ def test_an_adversarial_step_raises_ds_score_of_the_generators_samples(ml_run, t
 
     root, exp = ml_run
     config = load_experiment(exp, ADVERSARIAL + [f"train.init_from={root / 'ml'}",
-                                                 "objective.discriminator_pretrain=0",
                                                  "objective.ml_every=100", "train.lr=5e-2"])
     run = Run(config, tmp_path / "adv")
     run.model.load_state_dict(load_checkpoint(root / "ml" / "best.pt")["model"])
-    run.objective.discriminator_step = lambda *args: {}  # the generator moves, D stays
+    run.objective.rounds.run = lambda *args: {}  # the generator moves, D stays
     batch = next(iter(run.batches.epoch(0))).to(run.device)
 
     def score_of_samples():
@@ -222,22 +289,22 @@ def test_adversarial_phases_follow_their_schedule_and_resume_exactly(ml_run, tmp
     root, exp = ml_run
     overrides = ADVERSARIAL + [f"train.init_from={root / 'ml'}", "train.epochs=2",
                                "train.log_every=1"]
-
-    def log(run):
-        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        return [x for x in lines if x["kind"] == "train"]
-
     train(load_experiment(exp, overrides), tmp_path / "whole", progress=False)
     train(load_experiment(exp, overrides + ["train.epochs=1"]), tmp_path / "split", progress=False)
     resumed = train(load_experiment(exp, overrides), tmp_path / "split", progress=False)
     assert resumed.resumed_at == (1, 0)
-    whole, split = log(tmp_path / "whole"), log(tmp_path / "split")
+    whole, split = entries(tmp_path / "whole", "train"), entries(tmp_path / "split", "train")
     assert [x["loss"] for x in split] == [x["loss"] for x in whole]
     assert [x.get("d_loss") for x in split] == [x.get("d_loss") for x in whole]
-    kinds = ["adv" if "intrinsic" in x else "d+ml" if "d_loss" in x else "ml" for x in whole]
-    # D's pre-training (2, the generator following by ML), then 2 adversarial and 1 ML
-    assert kinds[:5] == ["d+ml", "d+ml", "adv", "adv", "ml"], kinds
-    assert all("ml" in x and x["loss"] > 0 for x in whole[:2])
+    strip = lambda rows: [{k: v for k, v in x.items() if not k.startswith("time")}  # noqa: E731
+                          for x in rows]
+    assert strip(entries(tmp_path / "split", "discriminator")) == strip(
+        entries(tmp_path / "whole", "discriminator"))
+    kinds = ["adv" if "intrinsic" in x else "ml" for x in whole]
+    # 2 adversarial batches (a D round after each), then 1 ML batch, and again
+    assert kinds[:6] == ["adv", "adv", "ml", "adv", "adv", "ml"], kinds
+    assert ["d_loss" in x for x in whole[:3]] == [True, True, False]
+    assert all(x["phase"] == "adversarial" for x in entries(tmp_path / "whole", "discriminator"))
 
 
 def test_evaluation_draws_the_managers_goals_along_each_caption(ml_run, tmp_path):
@@ -247,6 +314,12 @@ def test_evaluation_draws_the_managers_goals_along_each_caption(ml_run, tmp_path
     metrics = evaluate_checkpoint(root / "ml" / "best.pt", tmp_path / "eval", figures=2,
                                   spice=False, beam_size=2)
     assert metrics["training"] == "XE" and metrics["approach"] == "hacap"
+    # how varied the captions are (adversarial training's aim), in metrics.json beside the scores
+    written = json.loads((tmp_path / "eval" / "metrics.json").read_text())["diversity"]
+    assert written == metrics["diversity"] and written["captions"] == metrics["images"]
+    assert {"distinct-1", "distinct-2", "vocab_used", "unique_captions",
+            "mean_length"} <= set(written)
+    assert 0 < written["unique_captions"] <= 1 and isinstance(written["vocab_used"], int)
     pictures = sorted((tmp_path / "eval" / "goals").glob("*.png"))
     assert len(pictures) == 2 and all(p.stat().st_size > 5000 for p in pictures)
 

@@ -7,6 +7,7 @@ setting the paper leaves open is not checked here; docs/real-data.md says what c
 from __future__ import annotations
 
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,14 @@ def test_hacap_on_flickr8k():
     args = stage_args("flickr8k.yaml", "extract_grid_layer3")
     assert (args["image-size"], args["grid"], args["layer"]) == ("224", "14", "layer3")
     assert "objective.name=adversarial" in stages["adversarial_hacap"]["cmd"]
+    # D learns alongside maximum likelihood, on LeakGAN's schedule, in both phases
+    from trainer.objectives.interleaved_pretraining import InterleavedPretrainingConfig
+
+    assert config["objective"] == asdict(InterleavedPretrainingConfig())  # LeakGAN's defaults
+    assert yaml.safe_load((ROOT / "configs" / "flickr8k" / "hacap" / "hacap.yaml").read_text())[
+        "objective"] == {"name": "interleaved_pretraining"}
+    assert "objective.discriminator" not in stages["adversarial_hacap"]["cmd"]
+    assert "--lemmatize" in stages["prepare_hacap"]["cmd"]  # "official regularizations"
 
 
 VARIANTS = sorted((ROOT / "configs" / "coco").glob("*/variants/*.yaml"))

@@ -266,8 +266,10 @@ def test_the_shipped_approach_list_gives_the_stages_written_out_before_it():
     root = Path(__file__).resolve().parent.parent
     before = load_stages_file(root / "tests" / "data" / "stages_before_vars.yaml", main.commands)
     now = load_stages_file(root / "stages.yaml", main.commands)
+    changed_since = {"tables",  # the one stage that lists every approach: it gains the new ones
+                     "adversarial@hacap"}  # its D's rounds are set there since (LeakGAN's schedule)
     for name, stage in before.stages.items():
-        if name != "tables":  # the one stage that lists every approach: it gains the new ones
+        if name not in changed_since:
             assert now.stages[name] == _rewarded(stage), name
     kept = [d for d in now.stages["tables"].deps if d in before.stages["tables"].deps]
     assert kept == list(before.stages["tables"].deps)

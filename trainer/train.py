@@ -153,9 +153,11 @@ class Run:
         self.batches = TrainBatches(self.captions, self.features, batch_size=t.batch_size,
                                     seq_per_img=config.data.seq_per_img, seed=t.seed,
                                     batching=config.data.batching, ranks=ranks)
+        self.made_batches: dict[str, TrainBatches] = {}  # split_batches's, made when asked
         self.objective = build_objective(config.objective.name, config.objective.config,
                                          Setting(self.captions, t.max_len, self.device,
-                                                 epoch_batches=len(self.batches)))
+                                                 epoch_batches=len(self.batches),
+                                                 batches=self.split_batches, log=self.log_event))
         self.objective.to(self.device)
         self.objective.bind(self.model)
         self.optimizer = build_optimizer(
@@ -171,6 +173,22 @@ class Run:
         self.events = tensorboard_writer(self.out_dir) if ranks.main and t.tensorboard else None
         self.loss = self.wrap(TrainingLoss(self.model, self.objective))
         self.start = self.starting_checkpoint()
+
+    def split_batches(self, split: str) -> TrainBatches:
+        """A split's images in batches of this run's size, each image with ``seq_per_img`` of
+        its captions (what an objective draws of its own: HACap's discriminator rounds)."""
+        if split not in self.made_batches:
+            t = self.config.train
+            self.made_batches[split] = TrainBatches(
+                self.captions, self.features, batch_size=t.batch_size,
+                seq_per_img=self.config.data.seq_per_img, seed=t.seed, split=split,
+                ranks=self.ranks)
+        return self.made_batches[split]
+
+    def log_event(self, entry: dict) -> None:
+        """An objective's entry in the metrics log, at the step now running."""
+        self.log({"kind": entry["kind"], "epoch": self.epoch, "step": self.step + 1,
+                  **{k: v for k, v in entry.items() if k != "kind"}, "time": time.time()})
 
     def wrap(self, loss: TrainingLoss) -> torch.nn.Module:
         """DistributedDataParallel around the loss when there are several processes."""

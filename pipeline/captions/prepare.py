@@ -19,15 +19,20 @@
     ============  =========================  ==========================================
 
     attributes: ``max_len``, ``min_count``, ``vocab_rule``, ``restval``, ``vocab_size``,
-    ``dataset``, ``dataset_json``.
+    ``dataset``, ``dataset_json``; with a lemmatiser (``--lemmatize``, lemmatize.py) also
+    ``lemmatizer`` and ``lemmatizer_version``, its name and installed version.
 ``refs_{split}.json``
     the split's references, untruncated, in the COCO caption-annotation format
-    pycocoevalcap's ``COCO()`` reads.
+    pycocoevalcap's ``COCO()`` reads: every metric, validation, the rewards and the CIDEr-D
+    cache (``cider_df``) compare with these. Each caption is the sentence as written (``raw``);
+    with a lemmatiser, the sentence's lemmatised tokens joined by spaces (lowercase, no
+    punctuation: the words the labels encode, untruncated), and ``info`` records the
+    lemmatiser (``lemmatizer``: its name and version).
 ``images_{split}.json``
     the split's image order: ``image_id``, ``row`` (index in ``captions.h5``),
     ``filepath``, ``filename``.
 ``summary.json``
-    the counts this function returns.
+    the counts this function returns (with a lemmatiser, ``lemmatizer``: its name and version).
 ``checksums.json``
     the md5 of each file above, checked whenever the folder is read (prepared.py).
 """
@@ -41,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
+from pipeline.captions.lemmatize import build_lemmatizer, lemmatize_dataset
 from pipeline.captions.prepared import SPLIT_CODES, write_checksums
 from pipeline.captions.vocab import UNK_ID, Vocabulary
 from pipeline.captions.vocab_rules import DEFAULT_RULE, VOCAB_RULES
@@ -56,9 +62,12 @@ RESTVAL = ("train", "drop")  # what restval images are: train images, or left ou
 
 def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count: int = 5,
                      max_len: int = 16, vocab_rule: str = DEFAULT_RULE, restval: str = "train",
-                     progress: bool = False, force: bool = False) -> dict:
+                     lemmatizer: str | None = None, progress: bool = False,
+                     force: bool = False) -> dict:
     """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts.
 
+    ``lemmatizer`` (a name in lemmatize.py's LEMMATIZERS, None for none) lemmatises every
+    caption word before the vocabulary is chosen, and the references with the same lemmas.
     An existing ``out_dir`` that capstack did not write is refused unless ``force``."""
     if min_count < 1:
         raise CapstackError(f"prepare: --min-count must be at least 1, got {min_count}")
@@ -68,20 +77,27 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
     if restval not in RESTVAL:
         raise CapstackError(f"prepare: --restval must be one of {', '.join(RESTVAL)}, "
                             f"got {restval!r}")
+    lemmas = build_lemmatizer(lemmatizer) if lemmatizer else None  # a missing package: now
     check_replaceable(Path(out_dir).resolve(), force=force, inputs=(dataset_json,))
     dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
     if restval == "drop":
         dataset = without_restval(dataset)
+    if lemmas is not None:
+        dataset = lemmatize_dataset(dataset, lemmas)
     vocab = rule(dataset, min_count)
     labels, lengths, starts, ends = encode_captions(dataset, vocab, max_len, progress)
     summary = {**_summary(dataset, vocab, max_len, min_count), "restval": restval}
+    record = lemmas.record() if lemmas is not None else None
+    if record is not None:  # only then: a folder prepared without one is byte for byte what it was
+        summary["lemmatizer"] = record
     with atomic_dir(out_dir, force=force, inputs=(dataset_json,)) as tmp:
         vocab.save(tmp / "vocab.json")
         _write_captions_h5(tmp / "captions.h5", dataset, vocab, labels, lengths, starts, ends,
-                           max_len, min_count, str(dataset_json), restval)
+                           max_len, min_count, str(dataset_json), restval, record)
         for split in OUT_SPLITS:
             images = dataset.split(split)
-            _write_json(tmp / f"refs_{split}.json", coco_references(images, dataset.name))
+            _write_json(tmp / f"refs_{split}.json",
+                        coco_references(images, dataset.name, lemmatizer=record))
             _write_json(tmp / f"images_{split}.json", [
                 {"image_id": im.image_id, "row": im.index, "filepath": im.filepath,
                  "filename": im.filename} for im in images])
@@ -122,20 +138,32 @@ def encode_captions(dataset: KarpathyDataset, vocab: Vocabulary, max_len: int,
     return labels, lengths, starts, ends
 
 
-def coco_references(images, dataset_name: str) -> dict:
-    """References in the COCO caption-annotation format (what pycocoevalcap reads)."""
+def coco_references(images, dataset_name: str, lemmatizer: dict | None = None) -> dict:
+    """References in the COCO caption-annotation format (what pycocoevalcap reads).
+
+    Without ``lemmatizer`` each caption is the sentence as written. With it (the record of
+    the lemmatiser that :func:`lemmatize_dataset` ran on ``images``) each caption is the
+    sentence's tokens, lemmatised there as the labels are, joined by spaces: every score and
+    reward of a lemmatised folder compares lemmas with lemmas. ``info`` then names it."""
+    if lemmatizer is None:  # as before lemmatising existed, byte for byte
+        info = {"description": f"{dataset_name} references, written by capstack prepare"}
+    else:
+        info = {"description": f"{dataset_name} references, lemmatised by "
+                               f"{lemmatizer['name']} {lemmatizer['version']}, written by "
+                               f"capstack prepare", "lemmatizer": lemmatizer}
     return {
-        "info": {"description": f"{dataset_name} references, written by capstack prepare"},
+        "info": info,
         "licenses": [],
         "type": "captions",
         "images": [{"id": im.image_id, "file_name": im.relpath} for im in images],
-        "annotations": [{"image_id": im.image_id, "id": s.sentid, "caption": s.raw}
+        "annotations": [{"image_id": im.image_id, "id": s.sentid,
+                         "caption": s.raw if lemmatizer is None else " ".join(s.tokens)}
                         for im in images for s in im.sentences],
     }
 
 
 def _write_captions_h5(path, dataset, vocab, labels, lengths, starts, ends, max_len, min_count,
-                       dataset_json, restval="train"):
+                       dataset_json, restval="train", lemmatizer=None):
     import h5py
 
     with h5py.File(path, "w") as f:
@@ -151,6 +179,9 @@ def _write_captions_h5(path, dataset, vocab, labels, lengths, starts, ends, max_
         f.attrs.update({"max_len": max_len, "min_count": min_count, "vocab_rule": vocab.rule,
                         "restval": restval, "vocab_size": len(vocab),
                         "dataset": dataset.name, "dataset_json": dataset_json})
+        if lemmatizer:
+            f.attrs.update({"lemmatizer": lemmatizer["name"],
+                            "lemmatizer_version": lemmatizer["version"]})
 
 
 def _summary(dataset, vocab, max_len, min_count) -> dict:

@@ -6,15 +6,24 @@ module reaches through imports, found by reading ``import`` statements (no code
 is imported or run, so checking a stage never pays for importing torch).
 Editing any of those files makes the stage stale; editing an unrelated module
 does not.
+
+A code file may also name installed distributions whose version is part of the
+code version, as a top-level literal ``CODE_DISTRIBUTIONS = ("simplemma",)``
+(pipeline/captions/lemmatize.py: a lemmatiser's new dictionaries give other
+lemmas). Installing another version of one, or removing it, makes the stage stale;
+other libraries' versions are not tracked.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 from functools import lru_cache
 from pathlib import Path
 
 PROJECT_PACKAGES = ("pipeline", "trainer")
+DISTRIBUTIONS_NAME = "CODE_DISTRIBUTIONS"
+NOT_INSTALLED = "not installed"
 
 
 def project_root() -> Path:
@@ -73,3 +82,35 @@ def code_files(module: str, root: Path | None = None) -> tuple[Path, ...]:
         todo.extend(_package_inits(root, name))
         todo.extend(_imported_modules(path, name, path.name == "__init__.py"))
     return tuple(sorted(set(seen.values())))
+
+
+def _declared_distributions(path: Path) -> set[str]:
+    """The names a top-level ``CODE_DISTRIBUTIONS = (...)`` in ``path`` lists (none if absent)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == DISTRIBUTIONS_NAME for t in node.targets):
+            names = ast.literal_eval(node.value)
+            if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"{path}: {DISTRIBUTIONS_NAME} must be a tuple of names")
+            return set(names)
+    return set()
+
+
+@lru_cache(maxsize=None)
+def code_distributions(module: str, root: Path | None = None) -> tuple[str, ...]:
+    """Installed distributions whose version is part of ``module``'s code version, sorted."""
+    return tuple(sorted({name for path in code_files(module, root)
+                         for name in _declared_distributions(path)}))
+
+
+def distribution_versions(names) -> dict[str, str]:
+    """``{"installed NAME": version}`` for each name, read now (a version changes between
+    runs); ``not installed`` for one that is absent."""
+    versions = {}
+    for name in names:
+        try:
+            versions[f"installed {name}"] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[f"installed {name}"] = NOT_INSTALLED
+    return versions

@@ -18,7 +18,9 @@ command succeeded and every out exists and was hashed, so a stage killed or
 failed half way is never recorded as done.
 
 Only a capstack command has a code version (the source files its module
-imports). Another program's code is what the stage lists among its deps.
+imports, and the installed version of a distribution one of them names in
+``CODE_DISTRIBUTIONS``: codeversion.py). Another program's code is what the stage
+lists among its deps.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
 from pipeline.core.runlock import exclusive_run, waiting_lock
-from pipeline.engine.codeversion import code_files, project_root
+from pipeline.engine.codeversion import (code_distributions, code_files, distribution_versions,
+                                         project_root)
 from pipeline.engine.stagefile import Stage, StagesFile
 
 UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
@@ -154,13 +157,16 @@ class Pipeline:
         return self.workdir / p
 
     def _code_digest(self, stage: Stage) -> dict[str, str]:
-        """A capstack command's source files and their md5; {} for another program (its
-        code is tracked through the deps the stage declares)."""
+        """A capstack command's source files and their md5, and the installed version of each
+        distribution they name in ``CODE_DISTRIBUTIONS`` (codeversion.py); {} for another
+        program (its code is tracked through the deps the stage declares)."""
         if not stage.command:
             return {}
         root = project_root()
-        return {str(f.relative_to(root) if f.is_relative_to(root) else f): self._hashes.file_md5(f)
-                for f in code_files(self.commands[stage.command])}
+        module = self.commands[stage.command]
+        return {**{str(f.relative_to(root) if f.is_relative_to(root) else f):
+                   self._hashes.file_md5(f) for f in code_files(module)},
+                **distribution_versions(code_distributions(module))}
 
     def _digests(self, paths: Iterable[str]) -> dict[str, dict | None]:
         out = {}

@@ -19,9 +19,10 @@ to the language model". The WORKER reads the goals detached, so its loss trains
 the WORKER (and attention) and the MANAGER learns from its own loss only, as in
 LeakGAN: two parameter groups (:meth:`HACap.parameter_groups`). D is part of
 the decoder because decoding needs f_t at every step (its SRU state is in the
-decoding state, batch-first like every state); it is trained by the
-adversarial objective alone (trainer/objectives/adversarial.py), never by the
-run's optimiser.
+decoding state, batch-first like every state); it is trained by its own
+rounds (trainer/objectives/discriminator_rounds.py), alongside maximum
+likelihood (``interleaved_pretraining``) and in the adversarial phase
+(``adversarial``), never by the run's optimiser.
 
 Maximum likelihood (the ``xe`` objective) minimises, per caption, -log P(y|x)
 plus the doubly stochastic penalty plus the MANAGER's term on the real caption,
@@ -35,6 +36,7 @@ state, goes step by step. :meth:`HACap.step` is the decoding path; both agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +66,13 @@ class HACapConfig(DecoderConfig):
     doubly_stochastic: float = 1.0  # lambda, per caption (Show-Attend-Tell's)
     manager_weight: float = 1.0  # the MANAGER's cosine term against -log P(y|x)
     discriminator_embed: int = 64
-    discriminator: int = 128  # D's SRU units: the size of f and of the goals
+    discriminator: int = 128  # D's SRU units: the size of f (and of the goals, in "features")
     discriminator_layers: int = 3
+    # where the goal g lives (docs/hacap.md: the paper's "6-dim subgoal"). "features": in D's
+    # feature space, w_t = W_psi sum g of goal_size numbers (LeakGAN's code: its goal has D's
+    # feature size, its GOAL_SIZE is w's). "subgoal": g itself has goal_size numbers, w_t = sum g,
+    # and the MANAGER's cosines read f through a fixed random orthonormal map to goal_size.
+    goal_space: Literal["features", "subgoal"] = "features"
 
 
 def goal_windows(goals: Tensor, horizon: int) -> Tensor:
@@ -104,23 +111,28 @@ class HACap(Decoder):
         self.discriminator = TextDiscriminator(vocab_size, c.discriminator_embed, c.discriminator,
                                                c.discriminator_layers)
         self.manager = SRU(c.discriminator, c.manager)
-        self.to_goal = nn.Linear(c.manager, c.discriminator)  # L_g: a goal in f's space
+        in_features = c.goal_space == "features"
+        self.to_goal = nn.Linear(c.manager, c.discriminator if in_features else c.goal_size)  # L_g
         self.word_embed = nn.Embedding(vocab_size, c.embed)  # E
         self.attention = AdditiveAttention(feature_dim, c.worker, c.att_hidden, activation="relu")
         self.gate = nn.Linear(c.worker, 1)  # f_beta
         self.worker = SRUCell(c.embed + feature_dim, c.worker)
-        self.goal_weights = nn.Linear(c.discriminator, c.goal_size, bias=False)  # W_psi
+        if in_features:
+            self.goal_weights = nn.Linear(c.discriminator, c.goal_size, bias=False)  # W_psi
+        else:  # f seen in the goals' space: fixed, so the cosines cannot be gamed by the map
+            projection = torch.linalg.qr(torch.randn(c.discriminator, c.goal_size))[0].T
+            self.register_buffer("feature_projection", projection.contiguous())
         self.out = nn.Linear(c.worker, vocab_size * c.goal_size)  # O_t
         self.dropout = Dropout(c.dropout)
-        for module in (self.to_goal, self.word_embed, self.gate, self.goal_weights, self.out,
-                       *self.attention.modules()):
+        for module in (self.to_goal, self.word_embed, self.gate, self.out,
+                       getattr(self, "goal_weights", None), *self.attention.modules()):
             if isinstance(module, (nn.Linear, nn.Embedding)):  # Xavier (the SRUs: orthogonal)
                 nn.init.xavier_uniform_(module.weight)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
-        """The WORKER (with attention) and the MANAGER; D is the adversarial objective's."""
+        """The WORKER (with attention) and the MANAGER; D is trained by its objective's rounds."""
         manager = [*self.manager.parameters(), *self.to_goal.parameters()]
         taken = {id(p) for p in [*manager, *self.discriminator.parameters()]}
         return {"worker": [p for p in self.parameters() if id(p) not in taken], "manager": manager}
@@ -138,7 +150,18 @@ class HACap(Decoder):
         n = mean.shape[0]
         return (mean.new_zeros(n, c.worker), mean.new_zeros(n, c.worker),
                 self.manager.initial(mean, n), self.discriminator.initial(mean, n),
-                mean.new_zeros(n, c.horizon, c.discriminator), mean.new_ones(n, 1))
+                mean.new_zeros(n, c.horizon, self.to_goal.out_features), mean.new_ones(n, 1))
+
+    def in_goal_space(self, features: Tensor) -> Tensor:
+        """D's features f as the MANAGER's cosines see them: as they are, or mapped to the
+        subgoal's goal_size numbers (``goal_space: subgoal``)."""
+        if self.config.goal_space == "features":
+            return features
+        return features @ self.feature_projection.T
+
+    def subgoal(self, window: Tensor) -> Tensor:
+        """The summed goals of the last c steps -> w_t, the goal_size numbers that mix O_t."""
+        return self.goal_weights(window) if self.config.goal_space == "features" else window
 
     def goal(self, features: Tensor, manager_state: Tensor | None = None):
         """f [N, F] (a step) or [N, T, F] (a sequence) -> unit goals, the MANAGER's state."""
@@ -162,7 +185,7 @@ class HACap(Decoder):
         """The WORKER's step: -> logits [N, V], h, c. ``window``: the summed goals [N, F]."""
         h, c = self.worker.step(torch.cat([self.dropout(self.word_embed(words)), z], 1), c)
         actions = self.out(self.dropout(h)).view(h.shape[0], self.vocab_size, -1)  # O_t [N, V, k]
-        w = self.goal_weights(window.detach())  # the WORKER does not train the MANAGER
+        w = self.subgoal(window.detach())  # the WORKER does not train the MANAGER
         return torch.bmm(actions, w[:, :, None]).squeeze(2), h, c
 
     def step(self, words: Tensor, state: State, ctx: Context):
@@ -180,8 +203,9 @@ class HACap(Decoder):
 
     def forward(self, ctx: Context, captions: Tensor,
                 feed: WordFeed | None = None) -> DecoderOutput:
-        """Logits for captions[:, 1:], with ``extras``: ``goals`` g_0..g_{T-1} [N, T, F] (with
-        the MANAGER's graph) and ``features`` f_0..f_T [N, T+1, F] of the whole caption."""
+        """Logits for captions[:, 1:], with ``extras``: ``goals`` g_0..g_{T-1} [N, T, G] (with
+        the MANAGER's graph) and ``features`` f_0..f_T [N, T+1, G] of the whole caption, in the
+        goals' space (:meth:`in_goal_space`)."""
         if feed is not None:
             raise CapstackError("hacap: scheduled sampling is not supported (its MANAGER reads "
                                 "the discriminator's features of the whole caption at once)")
@@ -198,7 +222,7 @@ class HACap(Decoder):
             logits.append(step_logits)
             alphas.append(alpha)
         return DecoderOutput(torch.stack(logits, 1), torch.stack(alphas, 1),
-                             {"goals": goals, "features": features})
+                             {"goals": goals, "features": self.in_goal_space(features)})
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:
@@ -245,7 +269,7 @@ class HACap(Decoder):
         goals, features = out.extras["goals"], out.extras["features"]
         last = last_positions(rows)
         windows = goal_windows(goals, self.config.horizon)
-        return {"subgoals": self.goal_weights(windows), "goals": goals,
+        return {"subgoals": self.subgoal(windows), "goals": goals,
                 "cosines": manager_cosines(features, goals, self.config.horizon, last)}
 
 

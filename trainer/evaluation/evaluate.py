@@ -2,13 +2,16 @@
 
 ``evaluate_checkpoint`` writes to ``out_dir``:
 ``results_<split>.json`` (COCO results format), ``metrics.json`` (approach,
-metrics, the reason of every unavailable metric, tokenizer, checkpoint),
+metrics, the reason of every unavailable metric, tokenizer, checkpoint, and under
+``"diversity"`` how varied the predicted captions are: distinct-1/2, vocabulary used,
+unique captions, mean length; see diversity.py),
 ``attention/<image id>.png`` for the first few images and ``curves.png``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,11 +19,12 @@ from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
-from trainer.checkpoint import check_identity, identity, load_checkpoint
+from trainer.checkpoint import check_identity, identity, load_checkpoint, table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
 from trainer.data import Features, covered, eval_batches
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
+from trainer.evaluation.diversity import diversity
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.metrics import load_references, score
 from trainer.evaluation.pictures import Pictures
@@ -72,7 +76,7 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                    max_refs=s.max_refs)
     metrics = {"approach": config.name, "objective": config.objective.name, **ckpt["table"],
                **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
-               "epoch": ckpt["best_epoch"] + 1}
+               "epoch": ckpt["best_epoch"] + 1, "diversity": diversity([p.words for p in preds])}
     write_json(out_dir / "metrics.json", metrics)
     if s.figures:
         pictures = Pictures(preds[:s.figures], vocab, features, captions, out_dir, dev, s.max_len)
@@ -80,9 +84,22 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
         model.figures(pictures)  # what else the decoder shows (stages, goals)
     run_dir = Path(ckpt["path"]).parent
     if (run_dir / "metrics.jsonl").is_file():
-        training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png",
-                        before=_starting_log(config.train.init_from))
+        before = _starting_log(config.train.init_from)
+        training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png", before=before,
+                        labels=(_training_of(before), ckpt["table"]["training"]))
     return metrics
+
+
+def _training_of(log_path: Path | None) -> str:
+    """The Training name (XE, SCST, ...) of the run whose log this is, from the experiment
+    saved beside it; XE when there is none."""
+    if log_path is None:
+        return "XE"
+    try:
+        return table_labels_of(json.loads((log_path.parent / "config.json").read_text()))[
+            "training"]
+    except (OSError, ValueError):  # no config beside the log, or an unreadable one
+        return "XE"
 
 
 def _starting_log(init_from: str) -> Path | None:

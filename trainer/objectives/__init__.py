@@ -12,7 +12,7 @@ from pipeline.core.registry import Registry
 OBJECTIVES = Registry("objective")
 
 from trainer.objectives import (adversarial, c2f,  # noqa: E402,F401  (each registers itself)
-                                cross_entropy, scst)
+                                cross_entropy, interleaved_pretraining, scst)
 from trainer.objectives.base import Objective, Setting, StepKey, TrainingLoss  # noqa: E402
 
 

@@ -1,60 +1,65 @@
 """HACap's adversarial training: LeakGAN's procedure (Guo et al.), which the paper builds on.
 
-The paper names the method and gives no schedule; capstack's HACap issue fills
-it with LeakGAN's. After maximum likelihood (the ``xe`` objective, which trains
-the WORKER on -log P(y|x) and the MANAGER on the real captions' directions),
-a run with ``objective: {name: adversarial}`` goes, step by step:
+The paper names the method and gives no schedule; capstack takes LeakGAN's
+own code (CR-Gjx/LeakGAN, ``Image COCO/Main.py``). It starts from the
+maximum-likelihood phase (``interleaved_pretraining``: the generator's MLE with
+D trained alongside, so D separates real from generated text and the MANAGER
+has learned D's features). A run with ``objective: {name: adversarial}`` then
+repeats:
 
-1. **Discriminator pre-training** (``discriminator_pretrain`` steps): D
-   learns by binary cross-entropy of the batch's references (real) against
-   the generator's samples (fake), while the generator takes
-   maximum-likelihood steps. The generator reads D's features (the MANAGER's
-   input), so a D that learned alone would move them under a generator
-   trained on the old ones: on the demo, 160 D-only steps at lr 1e-3 took
-   validation CIDEr from 0.425 to 0.012. LeakGAN interleaves the two
-   pre-trainings for the same reason.
-2. **Adversarial cycles**: ``ml_every`` adversarial batches, then
-   ``ml_batches`` maximum-likelihood batches (one epoch by default) that keep
-   the captions grounded, since D never sees the image. An adversarial batch:
+1. **An adversarial batch.** The generator samples captions; every c words,
+   Q_t is the mean D score of ``rollouts`` Monte-Carlo completions of the
+   prefix (the whole caption's score for the last segment); each segment's Q
+   is rescaled by its rank in the (global) batch, sigmoid(delta (rank/B -
+   0.5)) (:func:`rank_rewards`). The MANAGER minimises
+   -sum_t Q_t cos(f_{t+c} - f_t, g_t) on the sample's own f, the WORKER
+   -sum_t r^I_t log p(y_t) with the intrinsic reward
+   r^I_t = (1/c) sum_i cos(f_t - f_{t-i}, g_{t-i}).
+2. **A D round** after every ``discriminator_every`` adversarial batches
+   (LeakGAN: every one): ``discriminator.sets`` fresh sample sets, D's
+   ``discriminator.epochs`` epochs over each (trainer/objectives/
+   discriminator_rounds.py), its held-out accuracy logged.
+3. **A maximum-likelihood interlude** of ``ml_batches`` batches after every
+   ``ml_every`` (15) adversarial batches. LeakGAN's is one ``pre_train_epoch``,
+   a twentieth of an epoch (``ml_batches: 0``). It keeps the captions grounded,
+   since D never sees the image.
 
-   - samples captions; every c words, Q_t is the mean D score of ``rollouts``
-     Monte-Carlo completions of the prefix (the whole caption's score for the
-     last segment);
-   - rescales each segment's Q by its rank in the (global) batch,
-     sigmoid(delta (rank/B - 0.5)) (:func:`rank_rewards`);
-   - MANAGER: -sum_t Q_t cos(f_{t+c} - f_t, g_t), on the sample's own f;
-   - WORKER: -sum_t r^I_t log p(y_t), with the intrinsic reward
-     r^I_t = (1/c) sum_i cos(f_t - f_{t-i}, g_{t-i}) (LeakGAN's);
-   - then D takes ``discriminator_steps`` steps on fresh samples every
-     ``discriminator_every`` adversarial batches.
+**One policy.** Dropout is off for everything the generator's update reads:
+the samples, the rollouts, and the teacher-forced pass that recomputes log p,
+the goals and the features of the samples. So the log p that is reinforced is
+that of the policy that drew the samples (LeakGAN's generator runs with
+``drop_out: 1.0`` both when generating and when updating). The interludes'
+maximum-likelihood steps keep the run's dropout.
 
 D is a part of the decoder (decoding reads its features) that this objective
-alone trains, with its own Adam (:meth:`Adversarial.bind`), saved and restored
-with the run. Under DDP its gradients are summed over the ranks here (the
-run's DDP leaves it out). The losses divide sums by the global batch's counts,
-as every objective's do (trainer/batch.py); the rank rescaling ranks the
-global batch's rewards, so a run on several processes trains as one does.
+alone trains, with its own Adam, saved and restored with the run. The losses
+divide sums by the global batch's counts, as every objective's do
+(trainer/batch.py); the rank rescaling ranks the global batch's rewards, and D
+trains on the same global sets on every rank, so a run on several processes
+trains as one does.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from pipeline.captions.vocab import BOS_ID
 from trainer.bounds import MAX_SAMPLES, MAX_STEPS, bounded
 from trainer.decode import sample
-from trainer.decoders.base import Decoder, expand_context
+from trainer.decoders.base import expand_context
 from trainer.decoders.hacap import HACap, manager_cosines
 from trainer.objectives import OBJECTIVES
-from trainer.objectives.base import Objective, Setting, StepKey
-from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
+from trainer.objectives.base import StepKey
+from trainer.objectives.discriminator_rounds import (DiscriminatorSchedule, TrainsDiscriminator,
+                                                     dropout_off, with_bos)
 from trainer.objectives.scst import generated_mask
 from trainer.rewards.intrinsic import intrinsic_rewards
+
+INTERLUDE_PART = 20  # LeakGAN's pre_train_epoch: num_batch / 20 batches
 
 
 @dataclass
@@ -62,13 +67,15 @@ class AdversarialConfig:
     samples: int = bounded(1, 1, MAX_SAMPLES)  # sampled captions per image, generator's update
     rollouts: int = bounded(4, 1, MAX_SAMPLES)  # Monte-Carlo completions per prefix
     delta: float = bounded(16.0, 0)  # the rank rescaling's slope
-    discriminator_lr: float = bounded(1.0e-4, above=0)
-    discriminator_pretrain: int = bounded(100, 0, MAX_STEPS)  # D-only steps before G's first
-    discriminator_every: int = bounded(1, 1, MAX_STEPS)  # adversarial batches between D's turns
-    discriminator_steps: int = bounded(1, 1, MAX_STEPS)  # D's steps per turn, on fresh samples
+    discriminator: DiscriminatorSchedule = field(default_factory=DiscriminatorSchedule)
+    discriminator_every: int = bounded(1, 1, MAX_STEPS)  # adversarial batches between D rounds
     ml_every: int = bounded(15, 1, MAX_STEPS)  # adversarial batches between ML interludes
-    ml_batches: int = bounded(0, 0, MAX_STEPS)  # batches of an interlude; 0: a train epoch
+    ml_batches: int = bounded(0, 0, MAX_STEPS)  # batches of an interlude; 0: an epoch / 20
     temperature: float = bounded(1.0, above=0)
+    # what the rewards are measured against: "none", LeakGAN's (every Q and r^I in use is
+    # positive: each sample's words are reinforced), or "mean", the global batch's mean Q per
+    # segment and mean r^I per word (REINFORCE with a baseline: the same expected gradient)
+    baseline: Literal["none", "mean"] = "none"
 
 
 def rank_rewards(rewards: Tensor, delta: float) -> Tensor:
@@ -79,66 +86,42 @@ def rank_rewards(rewards: Tensor, delta: float) -> Tensor:
     return torch.sigmoid(delta * (ranks / b - 0.5))
 
 
-def with_bos(tokens: Tensor) -> Tensor:
-    """Decoded rows [N, T] -> caption rows [N, T+1] that start with ``<bos>`` (what D reads)."""
-    return F.pad(tokens, (1, 0), value=BOS_ID)
+def minus_mean(rewards: Tensor, mask: Tensor, share, count: Tensor) -> Tensor:
+    """Per-word rewards [N, T] less their mean over the global batch's ``count`` generated words
+    (``mask``): REINFORCE's baseline, the same on every rank."""
+    return rewards - share.total((rewards * mask).sum() * share.weight) / count
 
 
 class Phase:
     """Which kind of step the objective's step counter is at."""
 
-    PRETRAIN, ADVERSARIAL, ML = "discriminator", "adversarial", "ml"
+    ADVERSARIAL, ML = "adversarial", "ml"
 
 
 @OBJECTIVES.register("adversarial")
-class Adversarial(Objective):
-    """HACap's adversarial phase (LeakGAN): D pre-training, rollouts scored by D, MANAGER and
-    WORKER updates, D's own schedule, maximum-likelihood interludes."""
+class Adversarial(TrainsDiscriminator):
+    """HACap's adversarial phase (LeakGAN): rollouts scored by D, D's rounds, ML interludes."""
 
     Config = AdversarialConfig
     label = "Adv"
     family = "adversarial"
     decoder_type = HACap
 
-    def __init__(self, config: AdversarialConfig, setting: Setting):
-        super().__init__(config, setting)
-        self.ml = CrossEntropy(CrossEntropyConfig(), setting)
-        self.steps = 0  # this objective's steps so far (checkpointed: the schedule resumes)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.discriminator = None
-
-    # -- what it owns
-
-    def bind(self, decoder: Decoder) -> None:
-        self.discriminator = decoder.discriminator
-        self.optimizer = torch.optim.Adam(self.discriminator.parameters(),
-                                          lr=self.config.discriminator_lr)
-
-    def optimizers(self) -> dict:
-        return {"discriminator": self.optimizer}
-
-    def extra_state(self) -> dict:
-        return {"steps": self.steps}
-
-    def load_extra_state(self, state: dict) -> None:
-        self.steps = state.get("steps", 0)
-
     # -- the schedule
 
+    def interlude_batches(self) -> int:
+        return self.config.ml_batches or max(1, self.setting.epoch_batches // INTERLUDE_PART)
+
     def cycle_position(self) -> tuple[int, int]:
-        """(cycles done, position in the current one) of the steps after D's pre-training; a
-        cycle is ``ml_every`` adversarial batches, then the maximum-likelihood interlude."""
-        c = self.config
-        ml_batches = c.ml_batches or self.setting.epoch_batches
-        return divmod(max(self.steps - c.discriminator_pretrain, 0), c.ml_every + ml_batches)
+        """(cycles done, position in the current one); a cycle is ``ml_every`` adversarial
+        batches, then the maximum-likelihood interlude."""
+        return divmod(self.steps, self.config.ml_every + self.interlude_batches())
 
     def phase(self) -> str:
-        if self.steps < self.config.discriminator_pretrain:
-            return Phase.PRETRAIN
         return Phase.ADVERSARIAL if self.cycle_position()[1] < self.config.ml_every else Phase.ML
 
     def adversarial_steps(self) -> int:
-        """Adversarial batches so far (D's turns count them)."""
+        """Adversarial batches before this step (D's rounds count them)."""
         cycles, position = self.cycle_position()
         return cycles * self.config.ml_every + min(position, self.config.ml_every)
 
@@ -148,7 +131,8 @@ class Adversarial(Objective):
         if self.phase() != Phase.ADVERSARIAL:  # the generator follows D by maximum likelihood
             loss, stats = self.ml.loss(decoder, batch, key)
             return loss, {**stats, "ml": batch.share.weight}
-        return self.adversarial_loss(decoder, batch, key)
+        with dropout_off(decoder):  # one policy: what drew the samples is what is scored
+            return self.adversarial_loss(decoder, batch, key)
 
     def adversarial_loss(self, decoder: HACap, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()
@@ -160,18 +144,22 @@ class Adversarial(Objective):
             values = self.rollout_values(decoder, ctx, tokens, key, share)  # [N, segments]
         sampled_at = time.perf_counter()
         first = share.first * s
-        q = rank_rewards(self.global_rows(values, share, s), c.delta)[first:first + len(values)]
+        ranked = rank_rewards(self.global_rows(values, share, s), c.delta)
+        if c.baseline == "mean":
+            ranked = ranked - ranked.mean(0, keepdim=True)
+        q = ranked[first:first + len(values)]
         horizon = decoder.config.horizon
         q_per_goal = q.repeat_interleave(horizon, 1)[:, :tokens.shape[1]]  # [N, T]
         output = decoder(expand_context(ctx, s), with_bos(tokens))
         mask = generated_mask(tokens)
         last = mask.sum(1)
+        count = share.global_count(mask.sum())
         goals, features = output.extras["goals"], output.extras["features"]
         manager = -(q_per_goal * manager_cosines(features, goals, horizon, last)).sum()
         logp = torch.log_softmax(output.logits.float(), 2).gather(2, tokens[:, :, None]).squeeze(2)
         intrinsic = intrinsic_rewards(features, goals, horizon, last).detach()
-        worker = -(intrinsic * logp * mask).sum()
-        count = share.global_count(mask.sum())
+        advantage = minus_mean(intrinsic, mask, share, count) if c.baseline == "mean" else intrinsic
+        worker = -(advantage * logp * mask).sum()
         loss = (manager + worker) / count
         weight = share.weight / (share.images * s)
         return loss, {"d_sample": float(values[:, -1].sum()) * weight,
@@ -203,56 +191,17 @@ class Adversarial(Objective):
             share.weight > 0)
         return share.total(rows)
 
-    # -- D's own steps, and the counter
+    # -- D's rounds, and the counter
 
     def after_step(self, decoder: HACap, batch, key: StepKey) -> dict:
-        phase = self.phase()
-        stats = self.ml.after_step(decoder, batch, key) if phase != Phase.ADVERSARIAL else {}
-        if self.discriminator_turn(phase):
-            for turn in range(self.config.discriminator_steps):
-                stats = {**stats, **self.discriminator_step(decoder, batch, key, turn)}
+        if self.phase() != Phase.ADVERSARIAL:
+            stats = self.ml.after_step(decoder, batch, key)
+        elif self.adversarial_steps() % self.config.discriminator_every == 0:
+            stats = self.rounds.run(decoder, key.seed, "adversarial", batch)
+        else:
+            stats = {}
         self.steps += 1
         return stats
 
-    def discriminator_turn(self, phase: str) -> bool:
-        """Whether D steps now: at every pre-training step, and after every
-        ``discriminator_every``-th adversarial batch."""
-        if phase == Phase.PRETRAIN:
-            return True
-        return (phase == Phase.ADVERSARIAL
-                and self.adversarial_steps() % self.config.discriminator_every == 0)
 
-    def discriminator_step(self, decoder: HACap, batch, key: StepKey, turn: int) -> dict:
-        """One Adam step of D: the batch's references (real) against fresh samples (fake)."""
-        share, per_image = batch.share, batch.seq_per_img
-        with torch.no_grad():
-            fake = sample(decoder, decoder.encode(batch.feats, batch.mask), self.setting.max_len,
-                          self.config.temperature, n=per_image,
-                          noise=key.sampling_noise(share, per_image, 2, turn)).tokens
-        real_logits = self.discriminator(batch.captions)  # [N]
-        fake_logits = self.discriminator(with_bos(fake))
-        ones, zeros = torch.ones_like(real_logits), torch.zeros_like(fake_logits)
-        count = 2 * share.captions
-        loss = (F.binary_cross_entropy_with_logits(real_logits, ones, reduction="sum")
-                + F.binary_cross_entropy_with_logits(fake_logits, zeros, reduction="sum")) / count
-        self.optimizer.zero_grad(set_to_none=True)
-        (loss * share.weight).backward()
-        self.sum_gradients(share)
-        self.optimizer.step()
-        w = share.weight / share.captions
-        return {"d_loss": loss.item() * share.weight,
-                "d_real": float(torch.sigmoid(real_logits.detach()).sum()) * w,
-                "d_fake": float(torch.sigmoid(fake_logits.detach()).sum()) * w}
-
-    def sum_gradients(self, share) -> None:
-        """D's gradients summed over the ranks (each rank's loss is its part of the global
-        mean), in one reduction; in one process, as they are."""
-        grads = [p.grad for p in self.discriminator.parameters() if p.grad is not None]
-        flat = share.total(torch.cat([g.reshape(-1) for g in grads]))
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-
-__all__ = ["Adversarial", "AdversarialConfig", "rank_rewards"]
+__all__ = ["Adversarial", "AdversarialConfig", "minus_mean", "rank_rewards"]

@@ -26,7 +26,7 @@ exact resume (:meth:`Objective.state_dict`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +37,7 @@ from trainer.decoders.base import Decoder
 if TYPE_CHECKING:
     from pipeline.captions.prepared import Captions
     from trainer.batch import Share, TrainBatch
+    from trainer.data import TrainBatches
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,15 @@ class StepKey:
                              share.first * per_image)
 
 
+def _no_log(entry: dict) -> None:
+    """Where an objective's log entries go when the run keeps no log."""
+
+
+def _no_batches(split: str) -> "TrainBatches":
+    raise RuntimeError(f"this objective draws images of the {split} split of its own, and the "
+                       f"run that built it gave it none (Setting.batches)")
+
+
 @dataclass
 class Setting:
     """What a run gives its objective to build on."""
@@ -62,6 +72,11 @@ class Setting:
     max_len: int  # decoding length of samples and greedy decodes
     device: torch.device = torch.device("cpu")
     epoch_batches: int = 0  # global batches in an epoch of the train split
+    # a split's images in batches of the run's size (images, not one_length), this rank's part,
+    # for an objective that draws images of its own (HACap's discriminator rounds)
+    batches: Callable[[str], "TrainBatches"] = _no_batches
+    # an entry for the run's metrics log (``kind`` given; the run adds epoch, step and time)
+    log: Callable[[dict], None] = _no_log
 
 
 class Objective:

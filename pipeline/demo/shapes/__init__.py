@@ -12,7 +12,9 @@ Modules, one idea each:
 - ``draw``      a scene -> an RGB picture and tight object boxes
 - ``lexicon``   the caption words and their skewed odds (the long tail)
 - ``grammar``   articles, plurals, lists
-- ``captions``  five varied, true captions per scene
+- ``captions``  five varied, true captions per scene (the default, ``--captions grammar``)
+- ``free_lexicon``, ``free_captions``  five freer ones (``--captions free``): more sentence
+  frames, word orders and synonyms, drawn from their own generator (same images)
 - ``chance``    fast weighted choices from one generator
 - ``writer``    ``write_shapes_dataset``: images + Karpathy json, atomically
 """

@@ -13,6 +13,7 @@ cross-entropy training.
 from __future__ import annotations
 
 from collections import Counter
+from types import ModuleType
 from typing import Callable
 
 import numpy as np
@@ -65,15 +66,16 @@ def noun_phrase(obj: Obj, w: Wording, **kw) -> str:
     return with_article(describe(obj, w, **kw))
 
 
-def background_phrase(scene: Scene, w: Wording) -> str:
-    """"on a white background", "against a grainy cream backdrop"."""
+def background_phrase(scene: Scene, w: Wording, lex: ModuleType = L) -> str:
+    """"on a white background", "against a grainy cream backdrop", in the words of ``lex``
+    (``lexicon`` or ``free_lexicon``)."""
     bg = scene.background
-    style = w.say(L.BACKGROUND_STYLE_WORDS[bg.style])
-    color = w.say(L.BACKGROUND_COLOR_WORDS[bg.color])
+    style = w.say(lex.BACKGROUND_STYLE_WORDS[bg.style])
+    color = w.say(lex.BACKGROUND_COLOR_WORDS[bg.color])
     # "gradient" reads as a noun modifier after the colour; the other styles go before it.
     words = [color, style] if style == "gradient" else [style, color]
-    phrase = " ".join(x for x in (*words, w.say(L.BACKGROUND_NOUN)) if x)
-    return f"{w.say(L.BACKGROUND_PREPOSITION)} {with_article(phrase)}"
+    phrase = " ".join(x for x in (*words, w.say(lex.BACKGROUND_NOUN)) if x)
+    return f"{w.say(lex.BACKGROUND_PREPOSITION)} {with_article(phrase)}"
 
 
 def picture_prefix(w: Wording) -> str:
@@ -88,11 +90,21 @@ def count_phrase(n: int, w: Wording, *, colorful_p: float = 0.2) -> str:
     return f"{number} {adjective}{plural(w.say(L.GENERIC_NOUN))}"
 
 
+def other_things(k: int, thing: str, lex: ModuleType = L) -> str:
+    """"another shape", "two other objects": the ``k`` objects a caption leaves unnamed."""
+    return f"another {thing}" if k == 1 else f"{lex.NUMBERS[k]} other {plural(thing)}"
+
+
+def pick_relation(a: Obj, b: Obj, scene: Scene, w: Wording, *, main_p: float = 0.6) -> str:
+    """A relation that holds of ``a`` to ``b``: the main one with odds ``main_p``, else one of
+    the finer ones (where there are any)."""
+    options = relations(a, b, scene.size)
+    return options[0] if len(options) == 1 or w.coin(main_p) else one_of(w.rng, options[1:])
+
+
 def relation_phrase(a: Obj, b: Obj, scene: Scene, w: Wording) -> str:
     """How ``a`` stands to ``b``: mostly the main relation, sometimes a truer finer one."""
-    options = relations(a, b, scene.size)
-    chosen = options[0] if len(options) == 1 or w.coin(0.6) else one_of(w.rng, options[1:])
-    return w.say(L.RELATION_WORDS[chosen])
+    return w.say(L.RELATION_WORDS[pick_relation(a, b, scene, w)])
 
 
 def group_phrases(objects: list[Obj], w: Wording, *, with_color: bool) -> list[str]:
@@ -202,8 +214,7 @@ def one_and_count(scene: Scene, w: Wording) -> str | None:
     if form < 0.45:
         return f"{count_phrase(n, w, colorful_p=0.1)} including {np_}"
     if form < 0.8:
-        thing = w.say(L.GENERIC_NOUN)
-        others = f"another {thing}" if n == 2 else f"{L.NUMBERS[n - 1]} other {plural(thing)}"
+        others = other_things(n - 1, w.say(L.GENERIC_NOUN))
         return f"{np_} {w.say(L.AMONG)} {others}"
     return f"{count_phrase(n, w, colorful_p=0.1)}, one of which is {np_}"
 
@@ -308,18 +319,29 @@ PATTERNS_MANY: Weighted[Pattern] = Weighted.of({
 })
 
 
-def captions_for(scene: Scene, rng: np.random.Generator,
-                 n: int = CAPTIONS_PER_IMAGE) -> list[str]:
-    """``n`` captions of ``scene``, all different unless the scene allows too few wordings."""
-    patterns = PATTERNS_ONE if len(scene.objects) == 1 else PATTERNS_MANY
+def draw_captions(scene: Scene, rng: np.random.Generator, patterns: Weighted[Pattern],
+                  n: int = CAPTIONS_PER_IMAGE,
+                  finish: Callable[[str], "str | None"] = sentence) -> list[str]:
+    """``n`` captions of ``scene`` from ``patterns`` (a pattern per try, each with a fresh
+    ``Wording``), all different unless the scene allows too few wordings. ``finish`` turns a
+    draw into the caption, or into None to drop it."""
     captions: list[str] = []
     for _ in range(MAX_TRIES):
         if len(captions) == n:
             break
         text = patterns.pick(rng)(scene, Wording(rng))
-        if text is not None and sentence(text) not in captions:
-            captions.append(sentence(text))
+        if text is None:
+            continue
+        text = finish(text)
+        if text is not None and text not in captions:
+            captions.append(text)
     while len(captions) < n:  # practically never: a one-object scene short of new wordings
         captions.append(captions[len(captions) % len(captions)])
     return captions
+
+
+def captions_for(scene: Scene, rng: np.random.Generator,
+                 n: int = CAPTIONS_PER_IMAGE) -> list[str]:
+    """``n`` captions of ``scene``, all different unless the scene allows too few wordings."""
+    return draw_captions(scene, rng, PATTERNS_ONE if len(scene.objects) == 1 else PATTERNS_MANY, n)
 

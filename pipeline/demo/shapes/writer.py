@@ -10,6 +10,14 @@ x1..x2-1 and rows y1..y2-1) and fits the drawn pixels exactly. Image ``imgid`` i
 drawn from its own generator seeded by ``(seed, imgid)``: the same arguments give
 the same bytes, and an image's content does not depend on the split sizes (only
 which split it falls in does). Images are numbered train first, then val, then test.
+
+``captions`` picks the caption style: ``"grammar"`` (the default; ``captions``) or
+``"free"`` (``free_captions``: freer word order and more synonyms). Free captions are
+drawn from a second generator seeded by ``(seed, imgid, FREE_STREAM)``, so the images,
+ids, splits, file names and boxes are byte for byte those of the default style and
+only the sentences differ (feature stores, named by the images, serve both). A free
+dataset says so in its json: ``"caption_style": "free"`` beside ``"dataset"``; the
+default one's json is as it always was.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from tqdm import tqdm
 
 from .captions import CAPTIONS_PER_IMAGE, captions_for
 from .draw import render
+from .free_captions import free_captions_for
 from .scene import Scene, sample_scene
 from pipeline.captions.karpathy import tokenize
 from pipeline.core.atomic import atomic_dir
@@ -33,6 +42,8 @@ from pipeline.core.errors import CapstackError
 MIN_SIZE = 32
 JSON_NAME = "dataset_shapes.json"
 IMAGE_FOLDER = "images"
+CAPTION_STYLES = ("grammar", "free")
+FREE_STREAM = int.from_bytes(b"free", "big")  # the third word of the free captions' seed
 
 
 @dataclass(frozen=True)
@@ -45,13 +56,20 @@ class Example:
     captions: list[str]
 
 
-def make_example(seed: int, imgid: int, size: int) -> Example:
-    """Image ``imgid`` of the dataset drawn with ``seed``; depends on nothing else."""
+def make_example(seed: int, imgid: int, size: int, captions: str = "grammar") -> Example:
+    """Image ``imgid`` of the dataset drawn with ``seed``; depends on nothing else.
+
+    The scene comes first from the image's generator; the default captions follow from
+    the same generator, free ones from their own, so the scene is the same in both."""
     rng = np.random.default_rng([seed, imgid])
     scene = sample_scene(rng, size)
-    captions = captions_for(scene, rng, CAPTIONS_PER_IMAGE)
+    if captions == "free":
+        texts = free_captions_for(scene, np.random.default_rng([seed, imgid, FREE_STREAM]),
+                                  CAPTIONS_PER_IMAGE)
+    else:
+        texts = captions_for(scene, rng, CAPTIONS_PER_IMAGE)
     image, boxes = render(scene)
-    return Example(scene, image, boxes, captions)
+    return Example(scene, image, boxes, texts)
 
 
 def image_filename(imgid: int) -> str:
@@ -75,8 +93,11 @@ def image_record(imgid: int, split: str, example: Example) -> dict:
     }
 
 
-def check_arguments(n_train, n_val, n_test, seed, size) -> None:
+def check_arguments(n_train, n_val, n_test, seed, size, captions="grammar") -> None:
     """Raise :class:`CapstackError` naming the bad option."""
+    if captions not in CAPTION_STYLES:
+        raise CapstackError(f"shapes: --captions must be one of {', '.join(CAPTION_STYLES)}, "
+                            f"got {captions!r}")
     for option, value in (("--train", n_train), ("--val", n_val), ("--test", n_test),
                           ("--seed", seed), ("--size", size)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -99,14 +120,14 @@ def split_plan(n_train: int, n_val: int, n_test: int) -> list[str]:
 
 def write_shapes_dataset(out_dir, n_train: int = 3000, n_val: int = 250, n_test: int = 250,
                          seed: int = 0, size: int = 128, progress: bool = True,
-                         force: bool = False) -> dict:
+                         force: bool = False, captions: str = "grammar") -> dict:
     """Draw the dataset into ``out_dir``, which appears whole (replacing an older one that
-    capstack wrote, or any with ``force``) or not at all.
+    capstack wrote, or any with ``force``) or not at all. ``captions``: "grammar" or "free".
 
     Returns ``{"json": path, "images": n, "splits": {"train": .., "val": .., "test": ..},
-    "captions": n, "words": distinct words over all captions}``.
+    "captions": n, "caption_style": captions, "words": distinct words over all captions}``.
     """
-    check_arguments(n_train, n_val, n_test, seed, size)
+    check_arguments(n_train, n_val, n_test, seed, size, captions)
     seed, size = int(seed), int(size)
     splits = split_plan(n_train, n_val, n_test)
     out_dir = Path(out_dir)
@@ -116,15 +137,18 @@ def write_shapes_dataset(out_dir, n_train: int = 3000, n_val: int = 250, n_test:
         images.mkdir()
         for imgid, split in enumerate(tqdm(splits, desc="shapes", unit="img", file=sys.stderr,
                                            disable=not progress)):
-            example = make_example(seed, imgid, size)
+            example = make_example(seed, imgid, size, captions)
             example.image.save(images / image_filename(imgid), format="PNG")
             records.append(image_record(imgid, split, example))
         dataset = {"dataset": "shapes", "images": records}
+        if captions != "grammar":  # the default's json stays as it was
+            dataset = {"dataset": "shapes", "caption_style": captions, "images": records}
         (tmp / JSON_NAME).write_text(json.dumps(dataset), encoding="utf-8")
     return {
         "json": str(out_dir / JSON_NAME),
         "images": len(records),
         "splits": {"train": n_train, "val": n_val, "test": n_test},
         "captions": sum(len(r["sentences"]) for r in records),
+        "caption_style": captions,
         "words": len({t for r in records for s in r["sentences"] for t in s["tokens"]}),
     }

@@ -1,9 +1,14 @@
 """Training curves from a run's metrics.jsonl: loss by step, validation CIDEr by epoch, and an
-RL run drawn after the XE run it started from, on one time axis."""
+RL run drawn after the XE run it started from, on one time axis.
+
+A log with discriminator rounds (kind "discriminator", HACap) gets a third panel: D's
+held-out accuracy by step (chance, 0.5, dashed) beside the validation CIDEr, each
+validation placed at the last step of its epoch."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +20,7 @@ from pipeline.core.errors import CapstackError
 from trainer.evaluation.figures.render import save_png
 
 MOVING_AVERAGE_WINDOW = 20
+CHANCE = 0.5  # a discriminator that cannot tell references from samples
 
 
 def _is_number(value: object) -> bool:
@@ -46,7 +52,8 @@ def _read_metrics(path: Path) -> list[dict]:
 
 def _check_record(record: dict, path: Path, number: int) -> None:
     kind = record.get("kind")
-    required = {"train": ("epoch", "step", "loss"), "val": ("epoch", "cider")}.get(kind, ())
+    required = {"train": ("epoch", "step", "loss"), "val": ("epoch", "cider"),
+                "discriminator": ("step",)}.get(kind, ())
     if kind is None:
         raise CapstackError(f"{path}: line {number}: missing 'kind'")
     for key in required:
@@ -87,48 +94,118 @@ def _plot_val(ax: Axes, val: list[dict], color: str = "tab:orange", label: str |
     ax.plot([r["epoch"] for r in val], [r["cider"] for r in val], "o-", color=color, label=label)
 
 
-def training_curves(metrics_jsonl: Path, out: Path, before: Path | None = None) -> Path:
+def _val_steps(train: list[dict], val: list[dict]) -> list[tuple[float, float]]:
+    """(step, CIDEr) of each validation of one phase: the last logged step of its epoch (the
+    trainer logs every epoch's last batch), 0 for the start checkpoint's (epoch -1)."""
+    return sorted((max((t["step"] for t in train if t["epoch"] <= v["epoch"]), default=0),
+                   v["cider"]) for v in val)
+
+
+def _plot_discriminator(ax: Axes, rounds: list[dict], val_steps: list[tuple[float, float]],
+                        boundary: float | None = None) -> None:
+    """D's held-out accuracy by step (pre-training rounds as crosses), chance dashed, and the
+    validation CIDEr at its steps on the right scale."""
+    rounds = sorted(rounds, key=lambda r: (r["step"], r.get("round", 0)))
+    pretrain = [r for r in rounds if r.get("phase") == "pretrain"]
+    adversarial = [r for r in rounds if r.get("phase") != "pretrain"]
+    if pretrain:
+        ax.plot([r["step"] for r in pretrain], [r["heldout_accuracy"] for r in pretrain], "x",
+                color="tab:red", label="D held-out accuracy (pre-training)")
+    if adversarial:
+        ax.plot([r["step"] for r in adversarial], [r["heldout_accuracy"] for r in adversarial],
+                ".-", color="tab:red", label="D held-out accuracy")
+    ax.axhline(CHANCE, color="gray", linestyle="--", linewidth=1, label="chance")
+    if boundary is not None:
+        ax.axvline(boundary, color="gray", linestyle=":", linewidth=1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("step")
+    ax.set_ylabel("discriminator held-out accuracy", color="tab:red")
+    handles, labels = ax.get_legend_handles_labels()
+    if val_steps:
+        cider_ax = ax.twinx()
+        cider_ax.plot(*zip(*val_steps), "o-", color="tab:orange", label="validation CIDEr")
+        cider_ax.set_ylabel("validation CIDEr", color="tab:orange")
+        ax.set_zorder(cider_ax.get_zorder() + 1)  # D's points over the CIDEr line
+        ax.patch.set_visible(False)
+        more = cider_ax.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="lower right", fontsize="small")
+
+
+def curves_figure(metrics_jsonl: Path, before: Path | None = None,
+                  labels: tuple[str, str] = ("XE", "RL")) -> Figure:
+    """The figure :func:`training_curves` saves: loss by step, validation CIDEr by epoch, and,
+    when either log has discriminator rounds with a held-out accuracy, D's panel on the loss
+    panel's step axis. ``labels``: the two phases' names (the start's, this run's)."""
+    now = _phase(Path(metrics_jsonl))
+    first = _phase(Path(before)) if before is not None else None
+    with_d = bool(now[2] or (first and first[2]))
+    fig = Figure(figsize=(15, 4) if with_d else (10, 4), layout="constrained")
+    axes = fig.subplots(1, 3 if with_d else 2)
+    loss_ax, cider_ax = axes[:2]
+    if first is None:
+        _plot_train(loss_ax, now[0])
+        _plot_val(cider_ax, now[1])
+        rounds, val_steps, boundary = now[2], _val_steps(now[0], now[1]), None
+    else:
+        xe, rl = on_one_axis(first, now)
+        _plot_train(loss_ax, xe[0])
+        _plot_train(loss_ax.twinx(), rl[0], color="tab:green", label=f"{labels[1]} loss")
+        loss_ax.axvline(rl[0][0]["step"] - 1, color="gray", linestyle="--", linewidth=1)
+        _plot_val(cider_ax, xe[1], label=labels[0])
+        _plot_val(cider_ax, rl[1], color="tab:green", label=labels[1])
+        if rl[1]:
+            cider_ax.axvline(rl[1][0]["epoch"], color="gray", linestyle="--", linewidth=1)
+        cider_ax.legend(loc="lower right")
+        steps = max(r["step"] for r in first[0])  # what on_one_axis shifted the second by
+        rounds, boundary = xe[2] + rl[2], steps
+        val_steps = _val_steps(first[0], first[1]) + [
+            (s + steps, c) for s, c in _val_steps(now[0], now[1])]
+    if with_d:
+        axes[2].sharex(loss_ax)
+        _plot_discriminator(axes[2], rounds, val_steps, boundary)
+    return fig
+
+
+def training_curves(metrics_jsonl: Path, out: Path, before: Path | None = None,
+                    labels: tuple[str, str] = ("XE", "RL")) -> Path:
     """Plot training loss by step and validation CIDEr by epoch from a metrics log.
 
     ``before``: the log of the run this one started from (XE before RL); both
-    phases are drawn on one time axis, the RL loss on its own scale (right).
+    phases are drawn on one time axis, the second's loss on its own scale (right),
+    named by ``labels`` (the tables' Training names: XE, SCST, Adv, ...).
+    Discriminator rounds in either log add D's held-out accuracy (:func:`curves_figure`).
     """
-    metrics_jsonl = Path(metrics_jsonl)
-    train, val = _phase(metrics_jsonl)
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    loss_ax, cider_ax = fig.subplots(1, 2)
-    if before is None:
-        _plot_train(loss_ax, train)
-        _plot_val(cider_ax, val)
-        return save_png(fig, Path(out))
-    xe, rl = on_one_axis(_phase(Path(before)), (train, val))
-    _plot_train(loss_ax, xe[0])
-    _plot_train(loss_ax.twinx(), rl[0], color="tab:green", label="RL loss")
-    loss_ax.axvline(rl[0][0]["step"] - 1, color="gray", linestyle="--", linewidth=1)
-    _plot_val(cider_ax, xe[1], label="XE")
-    _plot_val(cider_ax, rl[1], color="tab:green", label="RL")
-    if rl[1]:
-        cider_ax.axvline(rl[1][0]["epoch"], color="gray", linestyle="--", linewidth=1)
-    cider_ax.legend(loc="lower right")
-    return save_png(fig, Path(out))
+    return save_png(curves_figure(metrics_jsonl, before, labels), Path(out))
 
 
-def on_one_axis(first: tuple[list, list], then: tuple[list, list]):
-    """(train, val) lines of two phases, the second's steps and epochs shifted past the first's.
+def on_one_axis(first: tuple[list, ...], then: tuple[list, ...]):
+    """(train, val[, discriminator rounds]) lines of two phases, the second's steps and epochs
+    shifted past the first's.
 
     The RL run logs its starting point as epoch -1 (the XE checkpoint it started
     from); shifted, it sits on the last XE epoch, so the RL curve starts there.
+    Lists after val (discriminator rounds) are placed by step, shifted as train's.
     """
     steps = max(r["step"] for r in first[0])
     epochs = 1 + max((r["epoch"] for r in first[1]), default=-1)
     train = [{**r, "step": r["step"] + steps} for r in then[0]]
     val = [{**r, "epoch": r["epoch"] + epochs} for r in sorted(then[1], key=lambda r: r["epoch"])]
-    return first, (train, val)
+    by_step = tuple([{**r, "step": r["step"] + steps} for r in part] for part in then[2:])
+    return first, (train, val, *by_step)
 
 
-def _phase(metrics_jsonl: Path) -> tuple[list[dict], list[dict]]:
+def _has_accuracy(record: dict) -> bool:
+    """A discriminator round that scored held-out images (none when heldout_images is 0)."""
+    value = record.get("heldout_accuracy")
+    return _is_number(value) and math.isfinite(value)
+
+
+def _phase(metrics_jsonl: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train, val, discriminator rounds with a held-out accuracy) lines of one log."""
     records = _read_metrics(metrics_jsonl)
     train = [r for r in records if r["kind"] == "train"]
     if not train:
         raise CapstackError(f"{metrics_jsonl}: no training lines (kind 'train') to plot")
-    return train, [r for r in records if r["kind"] == "val"]
+    return (train, [r for r in records if r["kind"] == "val"],
+            [r for r in records if r["kind"] == "discriminator" and _has_accuracy(r)])
