@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,20 @@ def test_the_mean_baseline_centres_the_rewards_on_the_batchs_generated_words():
     centred = minus_mean(rewards, mask, Share(0, 2, 2), mask.sum().float())
     assert torch.isclose((centred * mask).sum(), torch.tensor(0.0), atol=1e-6)
     assert torch.allclose(rewards - centred, torch.full_like(rewards, 1.4 / 5))
+
+
+def test_a_sets_references_keep_their_end_when_samples_are_shorter(toy, tmp_path):
+    """train.max_len below the prepared captions' length: the references are not cut (their
+    <eos> kept), the rows are as wide as the longer of the two."""
+    from pipeline.core.tokens import EOS_ID
+
+    root, exp = toy
+    config = load_experiment(exp, ["train.max_len=3", "objective.discriminator.images=4"])
+    (tmp_path / "run").mkdir()
+    run = Run(config, tmp_path / "run")
+    train = run.split_batches("train")
+    rows = train.rows[:4]
+    real, fake = run.objective.rounds.references_and_samples(
+        run.model, train, rows, np.random.default_rng(0), (0,))
+    assert real.shape[1] == fake.shape[1] == train.all_captions.shape[1] > 3 + 2
+    assert ((real == EOS_ID).sum(1) == 1).all() and ((fake == EOS_ID).sum(1) <= 1).all()

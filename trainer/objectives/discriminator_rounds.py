@@ -80,12 +80,13 @@ def with_bos(tokens: Tensor) -> Tensor:
 
 
 def global_token_rows(local: Tensor, share, per_image: int, width: int) -> Tensor:
-    """This rank's token rows placed at its images' rows of the global batch [images x
-    per_image, width], summed over the ranks: every rank ends with the whole batch's rows."""
+    """This rank's token rows (at most ``width`` wide) placed at its images' rows of the global
+    batch [images x per_image, width], summed over the ranks: every rank ends with the whole
+    batch's rows."""
     rows = local.new_full((share.images * per_image, width), PAD_ID)
     if share.weight > 0:
         first = share.first * per_image
-        rows[first:first + len(local), :local.shape[1]] = local[:, :width]
+        rows[first:first + len(local), :local.shape[1]] = local
     return share.total(rows)
 
 
@@ -155,7 +156,10 @@ class DiscriminatorRounds:
         """For image ``rows`` of ``source`` (a TrainBatches) in chunks of its batch size:
         ``seq_per_img`` references and as many samples of each, all ranks' rows."""
         real, fake = [], []
-        per_image, width = source.seq_per_img, self.setting.max_len + 2
+        # as wide as the longer of a reference row and a sample row, the same on every rank: a
+        # reference cut short of its <eos> would be a cue that has nothing to do with the text
+        per_image = source.seq_per_img
+        width = max(int(source.all_captions.shape[1]), self.setting.max_len + 2)
         for chunk, start in enumerate(range(0, len(rows), source.batch_size)):
             batch = source.batch(rows[start:start + source.batch_size], rng).to(self.device)
             share = batch.share
