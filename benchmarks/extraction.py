@@ -17,6 +17,13 @@ into backbone (res2-res4), RPN (head, decoding, NMS), RoI pooling + res5 +
 predictors, and the region selection; writing is the loop's time beyond them.
 
     python benchmarks/extraction.py --detector vg [--images 4] [--batch 2] [--device cuda]
+
+``--autocast bfloat16``: a random ResNet-101's activations overflow float16 on a GPU (NaN
+features, refused by the store): the forward passes then autocast to bfloat16 instead of the
+pipeline's float16, at the same tensor-core speed on Ampere and later GPUs.
+
+``--against-cpu N``: the first N images extracted again on the CPU with the same weights, and
+the largest difference between the two stores' features (and, for regions, boxes) printed.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from pipeline.core.ranks import pick_device  # noqa: E402
+from pipeline.features.stores import open_store  # noqa: E402
 from pipeline.vision.backbones import (load_resnet, resnet_body,  # noqa: E402
                                                  resolve_weights)
 from pipeline.features.extract.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
@@ -151,6 +159,10 @@ def vg_benchmark(args, device) -> None:
               f"{args.images / total:.3f})")
         print(f"forward pass: {result.images_per_s / (args.images / forward):.1%} of the loop's "
               f"wall time (decoding, batching and writing: the rest)")
+        if args.against_cpu:
+            against_cpu(args, tmp, lambda data, root, device: extract_regions(
+                data, data.parent, settings, root=root, batch_size=args.batch, workers=0,
+                device=device, progress=False))
 
 
 def main() -> None:
@@ -162,13 +174,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--against-cpu", type=int, default=0, metavar="N",
+                    help="the first N images on the CPU too: the stores' largest difference")
     ap.add_argument("--detector", choices=["vg"], default=None,
                     help="benchmark the VG bottom-up region detector instead of the grid")
+    ap.add_argument("--autocast", choices=["float16", "bfloat16"], default="float16",
+                    help="the CUDA autocast dtype (random weights overflow float16)")
     args = ap.parse_args()
     device = pick_device(args.device)
+    use_autocast(args.autocast)
     if args.detector == "vg":
         return vg_benchmark(args, device)
-    print(f"device {device}, torch threads {torch.get_num_threads()}, {args.backbone} "
+    print(f"device {device}, autocast {args.autocast if device.type == 'cuda' else 'none'}, "
+          f"torch threads {torch.get_num_threads()}, {args.backbone} "
           f"{args.image_size}px, batch {args.batch}, {args.workers} workers, {args.images} images")
     with tempfile.TemporaryDirectory() as tmp:
         dataset = write_images(Path(tmp), args.images)
@@ -183,6 +201,48 @@ def main() -> None:
         print(f"extract-grid loop (decode, forward, write): {result.images_per_s:8.2f} images/s"
               f"  (whole command incl. model build and hashing: {args.images / total:.2f})")
         print(f"backbone busy: {result.images_per_s / forward:.1%} of the forward-only rate")
+        if args.against_cpu:
+            against_cpu(args, Path(tmp), lambda data, root, device: extract_grid(
+                data, data.parent, settings, root=root, batch_size=args.batch, workers=0,
+                device=device, progress=False))
+
+
+def use_autocast(name: str) -> None:
+    """The pipeline's CUDA autocast in ``name`` (float16 is the pipeline's own) for this run."""
+    import pipeline.features.extract.grid as grid_module
+    import pipeline.features.extract.region_extraction as region_module
+
+    dtype = getattr(torch, name)
+
+    def cast(device: torch.device):
+        return torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda")
+
+    for module in (grid_module, region_module, sys.modules[__name__]):
+        module.autocast = cast
+
+
+def against_cpu(args, tmp: Path, extract) -> None:
+    """The first ``args.against_cpu`` images extracted on ``args.device`` and on the CPU by
+    ``extract(dataset, features_root, device) -> JobResult``: the largest differences of
+    their stores."""
+    data = write_images(tmp / "against-cpu", args.against_cpu)
+    stores = [extract(data, tmp / "against-cpu" / f"features-{device}", device).store
+              for device in (args.device, "cpu")]
+    readers = [open_store(store) for store in stores]
+    for name in ("features", "boxes"):
+        if name not in readers[0].schema.names:
+            continue
+        gap, top, unlike = 0.0, 0.0, 0
+        for i in readers[0].ids():
+            there, here = (r.get(int(i)).fields[name].astype(np.float64) for r in readers)
+            if there.shape != here.shape:
+                unlike += 1  # another number of regions kept
+                continue
+            gap, top = max(gap, np.abs(there - here).max()), max(top, np.abs(here).max())
+        if unlike:
+            print(f"{name}: {unlike} images keep another number of regions on {args.device}")
+        print(f"{name} on {args.device} against cpu, {args.against_cpu} images: largest "
+              f"difference {gap:.3g} (largest value {top:.3g}, relative {gap / max(top, 1e-30):.2g})")
 
 
 if __name__ == "__main__":

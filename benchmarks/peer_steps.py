@@ -1,14 +1,20 @@
 """capstack's XE step, SCST step and beam search against self-critical.pytorch's, side by side.
 
-Both sides get the same work, one after the other in one process: UpDown / top_down
-with hidden 512, word and feature embeddings of 512 (the peer's UpDown embeds its
-2048-d region features to ``rnn_size`` first; capstack's ``feature_embed: 512``),
-vocabulary 9,487, 36 regions of 2048-d, 50 images x 5 captions of 16 words,
-Adam, gradient-norm clipping at 0.1, dropout 0.5, random weights (so every
-sampled caption runs the full 16 words). The SCST step is 5 samples per image
-with the greedy decode as baseline and the CIDEr-D reward (the peer's
-``cider`` package against capstack's vectorised one, the same synthetic
-references and document frequencies); beam search is K = 5 over 50 images.
+Both sides get the same work, one after the other in one process, for two models:
+
+- UpDown / ``top_down``: hidden 512, word and feature embeddings of 512 (the peer's UpDown
+  embeds its 2048-d region features to ``rnn_size`` first; capstack's ``feature_embed: 512``),
+  dropout 0.5;
+- TransformerModel / ``transformer``: the peer's defaults, 6 encoder and 6 decoder layers,
+  d_model 512, d_ff 2048, 8 heads, dropout 0.1 (capstack's ``norm_first: true,
+  region_norm: false``, the peer's layout; ``benchmarks/parity.py`` holds the two equal).
+
+Vocabulary 9,487, 36 regions of 2048-d, 50 images x 5 captions of 16 words, Adam (capstack's:
+torch's fused Adam; the peer's: torch.optim.Adam as its train.py builds it), gradient-norm
+clipping at 0.1, random weights (so every sampled caption runs the full 16 words). The SCST
+step is 5 samples per image with the greedy decode as baseline and the CIDEr-D reward (the
+peer's ``cider`` package against capstack's vectorised one, the same synthetic references and
+document frequencies); beam search is K = 5 over 50 images.
 
 The peer is not part of capstack: give a checkout of
 https://github.com/ruotianluo/self-critical.pytorch with its ``cider``
@@ -16,7 +22,10 @@ submodule (``git clone --recursive``) and its requirements (``six``, ``yacs``). 
 loss wrapper and reward code are imported from there and driven as its
 ``tools/train.py`` drives them.
 
-    python benchmarks/peer_steps.py --peer DIR [--steps 3] [--threads 2]
+    python benchmarks/peer_steps.py --peer DIR [--steps 3] [--threads 2] [--models updown,transformer]
+
+On a GPU (GPU.md's sizes): ``--device cuda --width 1000 --beam-images 5000``; beam search then
+decodes that many images of random features, 50 at a time, and prints images/s.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -42,9 +52,13 @@ from trainer.batch import TrainBatch, whole_batch  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
 from trainer.decoders import build_decoder  # noqa: E402
 from trainer.decoders.top_down import TopDownConfig  # noqa: E402
+from trainer.decoders.transformer import TransformerConfig  # noqa: E402
 from trainer.objectives import Setting, StepKey  # noqa: E402
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
 from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
+from trainer.optimizers import build_optimizer  # noqa: E402
+from trainer.optimizers.adam import AdamConfig  # noqa: E402
+from trainer.precision import Precision  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
 
 VOCAB = 9487  # words + <pad>, <bos>, <eos>, <unk> in capstack; the peer's 9,486 words + 0
@@ -56,15 +70,26 @@ SPECIALS = 4  # capstack's ids below this are <pad> <bos> <eos> <unk>
 # ------------------------------------------------------------------------- the shared work
 
 class Work:
-    """Features, reference captions (ids of real words, 1..VOCAB-SPECIALS) and their words."""
+    """Features, reference captions (ids of real words, 1..VOCAB-SPECIALS) and their words;
+    the width of both sides' models, the device, and the images beam search decodes."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, width: int = WIDTH, device: str = "cpu",
+                 beam_images: int = IMAGES):
         rng = np.random.default_rng(seed)
+        self.width, self.device = width, torch.device(device)
         self.feats = torch.from_numpy(np.abs(rng.standard_normal((IMAGES, REGIONS, DIM)))
-                                      .astype(np.float32))
+                                      .astype(np.float32)).to(self.device)
         words = VOCAB - SPECIALS
         frequent = rng.zipf(1.3, size=IMAGES * PER_IMAGE * LENGTH) % words + 1
         self.refs = frequent.reshape(IMAGES, PER_IMAGE, LENGTH)  # word w in 1..words
+        self.beam_feats = self.feats if beam_images == IMAGES else torch.rand(
+            beam_images, REGIONS, DIM, generator=torch.Generator().manual_seed(seed)
+        ).to(self.device)
+
+    def beam_batches(self, first_only: bool = False):
+        """The beam-searched images' features, 50 at a time (the first 50: a warm-up)."""
+        batches = self.beam_feats.split(IMAGES)
+        return batches[:1] if first_only else batches
 
 
 def word_strings(ids) -> str:
@@ -87,14 +112,37 @@ def document_frequencies(refs: np.ndarray) -> dict:
 
 # ------------------------------------------------------------------------- capstack
 
+def capstack_decoder(model: str, width: int) -> tuple[str, object]:
+    """capstack's decoder for the peer's ``caption_model``: top_down as its UpDown (widths
+    ``width``), the transformer as its TransformerModel (its defaults: 6 layers, d_model 512,
+    d_ff 2048, 8 heads, dropout 0.1; its pre-norm sublayers and plain region embedding)."""
+    if model == "updown":
+        return "top_down", TopDownConfig(hidden=width, embed=width, att_hidden=width,
+                                         feature_embed=width)
+    return "transformer", TransformerConfig(d_model=512, heads=8, layers=6, d_ff=2048,
+                                            dropout=0.1, norm_first=True, region_norm=False)
+
+
+def peer_model_options(model: str, width: int) -> dict:
+    """The peer's options for the same model (its transformer configs' values)."""
+    if model == "updown":
+        return dict(caption_model="updown", input_encoding_size=width, rnn_size=width,
+                    att_hid_size=width, drop_prob_lm=0.5)
+    return dict(caption_model="transformer", num_layers=6, input_encoding_size=512,
+                rnn_size=2048, att_hid_size=512, drop_prob_lm=0.1, dropout=0.1, use_bn=0)
+
+
 class Capstack:
     name = "capstack"
 
-    def __init__(self, work: Work):
+    def __init__(self, work: Work, model: str = "updown", amp: str = "off"):
         torch.manual_seed(0)
-        config = TopDownConfig(hidden=WIDTH, embed=WIDTH, att_hidden=WIDTH, feature_embed=WIDTH)
-        self.model = build_decoder("top_down", config, VOCAB, DIM).train()
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)
+        self.precision = Precision(amp, work.device)
+        name, config = capstack_decoder(model, work.width)
+        self.work = work
+        self.model = build_decoder(name, config, VOCAB, DIM).to(work.device).train()
+        self.opt = build_optimizer("adam", AdamConfig(), [{"params": list(self.model.parameters()),
+                                                           "name": "decoder"}], LR)
         captions = torch.zeros(IMAGES * PER_IMAGE, LENGTH + 2, dtype=torch.long)
         captions[:, 0] = 1  # <bos>
         captions[:, 1:LENGTH + 1] = torch.from_numpy(work.refs.reshape(-1, LENGTH)) + SPECIALS - 1
@@ -102,8 +150,8 @@ class Capstack:
         mask = torch.ones(IMAGES, REGIONS, dtype=torch.bool)
         share = whole_batch(int((captions[:, 1:] != 0).sum()), IMAGES * PER_IMAGE, IMAGES)
         self.batch = TrainBatch(list(range(IMAGES)), work.feats, mask, captions, share,
-                                seq_per_img=PER_IMAGE)
-        setting = Setting(captions=None, max_len=LENGTH)
+                                seq_per_img=PER_IMAGE).to(work.device)
+        setting = Setting(captions=None, max_len=LENGTH, device=work.device)
         self.xe = CrossEntropy(CrossEntropyConfig(), setting)
         names = ["<pad>", "<bos>", "<eos>", "<unk>"] + [str(w) for w in range(1, VOCAB - 3)]
         references = {i: [word_strings(c) for c in work.refs[i]] for i in range(IMAGES)}
@@ -111,23 +159,27 @@ class Capstack:
                                                     baseline="greedy"), setting,
                                  scorer=CiderD.from_references(references, names))
 
-    def _update(self, loss) -> None:
+    def _update(self, objective) -> None:
+        """A training step as trainer/train.py's: the loss under ``train.amp``'s autocast,
+        zero_grad, backward, clipping, the optimiser's step."""
+        with self.precision.autocast():
+            loss = objective.loss(self.model, self.batch, StepKey(0, 0, 0))[0]
         self.opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
-        self.opt.step()
+        self.precision.backward(loss)
+        self.precision.step(self.opt, CLIP)
 
     def xe_step(self) -> None:
-        self._update(self.xe.loss(self.model, self.batch, StepKey(0, 0, 0))[0])
+        self._update(self.xe)
 
     def scst_step(self) -> None:
-        self._update(self.scst.loss(self.model, self.batch, StepKey(0, 0, 0))[0])
+        self._update(self.scst)
 
-    def beam(self) -> None:
+    def beam(self, warm_up: bool = False) -> None:
         self.model.eval()
         with torch.no_grad():
-            beam_search(self.model, self.model.encode(self.batch.feats, self.batch.mask), BEAM,
-                        LENGTH)
+            for feats in self.work.beam_batches(warm_up):
+                mask = torch.ones(feats.shape[:2], dtype=torch.bool, device=feats.device)
+                beam_search(self.model, self.model.encode(feats, mask), BEAM, LENGTH)
         self.model.train()
 
 
@@ -155,7 +207,7 @@ def peer_paths(peer: Path):
 class Peer:
     name = "self-critical.pytorch"
 
-    def __init__(self, work: Work, folder: Path):
+    def __init__(self, work: Work, folder: Path, model: str = "updown"):
         argv, sys.argv = sys.argv, [sys.argv[0]]
         try:
             from captioning.utils.opts import parse_opt
@@ -167,9 +219,8 @@ class Peer:
         from captioning.utils import rewards
 
         words = VOCAB - SPECIALS
-        for key, value in dict(caption_model="updown", vocab_size=words, input_encoding_size=WIDTH,
-                               rnn_size=WIDTH, att_hid_size=WIDTH, fc_feat_size=DIM,
-                               att_feat_size=DIM, drop_prob_lm=0.5, seq_length=LENGTH,
+        for key, value in dict(**peer_model_options(model, work.width), vocab_size=words,
+                               fc_feat_size=DIM, att_feat_size=DIM, seq_length=LENGTH,
                                max_length=LENGTH, seq_per_img=PER_IMAGE, train_sample_n=PER_IMAGE,
                                train_sample_method="sample", sc_sample_method="greedy",
                                sc_beam_size=1, train_beam_size=1, cider_reward_weight=1,
@@ -177,22 +228,23 @@ class Peer:
                                label_smoothing=0, cached_tokens="bench-idxs",
                                vocab={str(i): str(i) for i in range(1, words + 1)}).items():
             setattr(opt, key, value)
-        (folder / "data").mkdir()
+        (folder / "data").mkdir(exist_ok=True)
         with open(folder / "data" / "bench-idxs.p", "wb") as f:
             pickle.dump({"document_frequency": document_frequencies(work.refs),
                          "ref_len": IMAGES}, f)
         rewards.init_scorer(opt.cached_tokens)
         torch.manual_seed(0)
         self.opt = opt
-        self.model = setup(opt).train()
+        self.work = work
+        self.model = setup(opt).to(work.device).train()
         self.wrapper = LossWrapper(self.model, opt)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=LR)
         self.fc = work.feats.mean(1)
         self.att = work.feats
         labels = np.zeros((IMAGES * PER_IMAGE, LENGTH + 2), np.int64)
         labels[:, 1:LENGTH + 1] = work.refs.reshape(-1, LENGTH)  # 0: the peer's <bos> and <eos>
-        self.labels = torch.from_numpy(labels)
-        self.masks = torch.zeros(IMAGES * PER_IMAGE, LENGTH + 2)
+        self.labels = torch.from_numpy(labels).to(work.device)
+        self.masks = torch.zeros(IMAGES * PER_IMAGE, LENGTH + 2, device=work.device)
         self.masks[:, :LENGTH + 2] = 1  # the words and the <eos> after them (as its loader)
         self.gts = [work.refs[i] for i in range(IMAGES)]
 
@@ -213,11 +265,12 @@ class Peer:
         with quiet():  # its reward prints the batch's CIDEr-D at every step
             self._step(True)
 
-    def beam(self) -> None:
+    def beam(self, warm_up: bool = False) -> None:
         self.model.eval()
         with torch.no_grad():
-            self.model(self.fc, self.att, None, opt={"beam_size": BEAM, "sample_method": "greedy", "sample_n": 1},
-                       mode="sample")
+            for att in self.work.beam_batches(warm_up):
+                self.model(att.mean(1), att, None, opt={"beam_size": BEAM, "sample_method": "greedy",
+                                                        "sample_n": 1}, mode="sample")
         self.model.train()
 
 
@@ -233,15 +286,23 @@ def quiet():
 
 # ------------------------------------------------------------------------- timing
 
-def seconds(run, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` calls after one warm-up call."""
-    run()
+def seconds(run, steps: int, warm_up=None) -> list[float]:
+    """Seconds of each of ``steps`` calls after one warm-up call (``warm_up``'s, else the
+    timed call's), the GPU's work finished."""
+    (warm_up or run)()
     times = []
     for _ in range(steps):
+        synchronize()
         started = time.perf_counter()
         run()
+        synchronize()
         times.append(time.perf_counter() - started)
     return times
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -250,22 +311,45 @@ def main() -> None:
                     help="a checkout of self-critical.pytorch, with its cider submodule")
     ap.add_argument("--steps", type=int, default=3, help="timed calls of each (after a warm-up)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--width", type=int, default=WIDTH,
+                    help="hidden, word and feature embedding, attention widths (GPU.md: 1000)")
+    ap.add_argument("--beam-images", type=int, default=IMAGES)
+    ap.add_argument("--beam-steps", type=int, default=3, help="timed beam searches of them all")
+    ap.add_argument("--amp", default="off", choices=["off", "bfloat16"],
+                    help="capstack's train.amp (the peer's side stays float32): off compares "
+                         "like with like; bfloat16 is what train.amp: bfloat16 gives")
+    ap.add_argument("--models", default="updown,transformer",
+                    help="the peer's caption_model names: updown (top_down), transformer")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    work = Work()
+    work = Work(width=args.width, device=args.device, beam_images=args.beam_images)
+    where = (torch.cuda.get_device_name(work.device) if work.device.type == "cuda" else
+             f"CPU, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {where}; capstack's train.amp {args.amp}, the peer's "
+          f"float32; vocabulary {VOCAB}, {REGIONS}x{DIM} regions, "
+          f"{IMAGES} images x {PER_IMAGE} captions of {LENGTH} words, Adam, clip {CLIP}")
     with peer_paths(args.peer.resolve()) as folder:
-        sides = [Peer(work, folder), Capstack(work)]
-        print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads; UpDown/top_down "
-              f"hidden {WIDTH}, vocabulary {VOCAB}, {REGIONS}x{DIM} regions embedded to {WIDTH}, "
-              f"{IMAGES} images x {PER_IMAGE} captions of {LENGTH} words, Adam, clip {CLIP}")
-        print(f"{'':34} {'self-critical.pytorch':>22} {'capstack':>16} {'capstack vs peer':>17}")
-        for label, method in [("XE step", "xe_step"),
-                              ("SCST step (5 samples + greedy)", "scst_step"),
-                              (f"beam K={BEAM}, {IMAGES} images", "beam")]:
-            peer, ours = (seconds(getattr(side, method), args.steps) for side in sides)
-            print(f"{label:34} {min(peer):9.2f}-{max(peer):.2f} s {min(ours):7.2f}-{max(ours):.2f} s"
-                  f" {np.median(peer) / np.median(ours):16.2f}x")
+        for model in args.models.split(","):
+            compare(model, [Peer(work, folder, model), Capstack(work, model, args.amp)], args)
 
+
+def compare(model: str, sides: list, args) -> None:
+    """Each side's XE step, SCST step and beam search timed, one side after the other."""
+    about = (f"hidden {args.width}, words and regions embedded to {args.width}"
+             if model == "updown" else "6+6 layers, d_model 512, d_ff 2048, 8 heads")
+    print(f"\n{model} / {capstack_decoder(model, args.width)[0]}: {about}")
+    print(f"{'':34} {'self-critical.pytorch':>22} {'capstack':>16} {'capstack vs peer':>17}")
+    for label, method in [("XE step", "xe_step"),
+                          ("SCST step (5 samples + greedy)", "scst_step"),
+                          (f"beam K={BEAM}, {args.beam_images} images", "beam")]:
+        peer, ours = (seconds(getattr(side, method), args.steps if method != "beam" else
+                              args.beam_steps, partial(side.beam, warm_up=True)
+                              if method == "beam" else None) for side in sides)
+        rates = (f"   images/s: {args.beam_images / np.median(peer):.0f} and "
+                 f"{args.beam_images / np.median(ours):.0f}" if method == "beam" else "")
+        print(f"{label:34} {min(peer):9.3f}-{max(peer):.3f} s {min(ours):7.3f}-{max(ours):.3f} s"
+              f" {np.median(peer) / np.median(ours):16.2f}x" + rates, flush=True)
 
 if __name__ == "__main__":
     main()

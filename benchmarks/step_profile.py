@@ -1,14 +1,19 @@
-"""Where the time of capstack's XE and SCST steps goes, per op group, forward and backward.
+"""Where the time of a decoder's XE and SCST steps goes, per op group, forward and backward.
 
-The work is ``peer_steps.py``'s (top_down at the peer's sizes: hidden 512, vocabulary
-9,487, 36x2048 regions embedded to 512, 50 images x 5 captions of 16 words, Adam,
-clipping). One step of each is profiled with ``torch.profiler`` after a warm-up
-step. Each op's own time goes to a group:
+The work is peer_steps.py's sizes, for any registered decoder: its config's defaults (the
+papers' widths, hidden 512; top_down with peer_steps.py's 512-d feature embedding),
+vocabulary 9,487, 50 images x 5 captions of 16 words, Adam, clipping at 0.1, dropout on,
+random weights (so every sampled caption runs the full 16 words). Region decoders read
+36x2048 regions, grid decoders (soft and hard attention, Stack-Cap, Stack-Cap*, HACap) the
+14x14 = 196 locations of 2048-d their papers attend over. The SCST step is 5 samples per
+image with the greedy decode as baseline and the CIDEr-D reward. One step of each is
+profiled with ``torch.profiler`` after a warm-up step. Each op's own time goes to a group:
 
-- forward: the decoder module that ran it (LSTM cells, attention, vocabulary
-  projection, embeddings, dropout), the cross-entropy (log-softmax, loss), or the
-  rest of the step function that called it (sampling, state, the SCST loss); the
-  CIDEr-D scoring (numpy, no torch op) counts as its whole time;
+- forward: the decoder's submodule that ran it (by its attribute: recurrent cells,
+  attention, vocabulary projection, embeddings, dropout, ...; a submodule not named here is
+  its own group), the cross-entropy (log-softmax, loss), or the rest of the step function
+  that called it (sampling, state, the SCST loss); the CIDEr-D scoring (numpy, no torch op)
+  counts as its whole time;
 - greedy: the same groups inside SCST's greedy baseline decode (no gradients);
 - backward: the group of the forward op whose gradient it computes (autograd keeps
   the forward op's sequence number), gradient accumulation on its own;
@@ -16,52 +21,166 @@ step. Each op's own time goes to a group:
 - "Python and dispatch": the profiled step's wall time that no op accounts for.
 
 Times are the profiled step's (the profiler adds some overhead to each op); the
-unprofiled step time is printed above each table.
+unprofiled step time is printed above each table. ``--decoder all`` prints one row per
+decoder instead: its XE and SCST steps unprofiled, and each one's share in matrix products
+(mm, addmm, bmm, linear and the fused RNN kernels, forward, greedy and backward, of the
+profiled step's wall time): the floor that no reordering of the rest can go below.
 
-    python benchmarks/step_profile.py [--threads 2]
+``--root DIR`` imports capstack from another checkout (this script unchanged), so the same
+table can be printed before and after a change, on the same machine:
+
+    python benchmarks/step_profile.py [--decoder top_down|NAME|all] [--threads 2] [--ops]
+        [--steps 3] [--images 50] [--root DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
+
+def checkout(argv: list[str]) -> Path:
+    """The capstack checkout ``--root`` names, read before capstack is imported; else this one."""
+    for i, arg in enumerate(argv):
+        if arg == "--root" and i + 1 < len(argv):
+            return Path(argv[i + 1]).resolve()
+        if arg.startswith("--root="):
+            return Path(arg.split("=", 1)[1]).resolve()
+    return ROOT
+
+
+sys.path.insert(0, str(checkout(sys.argv[1:])))
+
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from peer_steps import CLIP, Capstack, Work, seconds  # noqa: E402
 from torch.autograd.profiler import record_function  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+import trainer  # noqa: E402
 import trainer.objectives.cross_entropy as cross_entropy  # noqa: E402
 import trainer.objectives.scst as self_critical  # noqa: E402
-from trainer.objectives import StepKey  # noqa: E402
-from trainer.objectives.scst import SelfCritical  # noqa: E402
+from trainer.batch import TrainBatch, whole_batch  # noqa: E402
+from trainer.decoders import DECODERS, build_decoder  # noqa: E402
+from trainer.objectives import Setting, StepKey  # noqa: E402
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
+from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
+from trainer.rewards.cider import CiderD  # noqa: E402
 
-MODULE_GROUPS = {"attention_lstm": "LSTM cells", "language_lstm": "LSTM cells",
-                 "attention": "attention", "out": "vocabulary projection",
-                 "word_embed": "embeddings", "feature_embed": "embeddings", "dropout": "dropout"}
+VOCAB, PER_IMAGE, LENGTH, DIM, WIDTH = 9487, 5, 16, 2048, 512
+REGIONS, GRID = 36, 14 * 14
+GRID_DECODERS = {"soft_attention", "hard_attention", "stack_cap", "stack_cap_star", "hacap"}
+CLIP, LR = 0.1, 5e-5
+SPECIALS = 4  # capstack's ids below this are <pad> <bos> <eos> <unk>
+
+CELLS, VOCABULARY = "recurrent cells", "vocabulary projection"
+MODULE_GROUPS = {"attention_lstm": CELLS, "language_lstm": CELLS, "lstm": CELLS, "gru": CELLS,
+                 "coarse": CELLS, "fine": CELLS, "worker": CELLS,
+                 "attention": "attention", "gate": "attention",
+                 "out": VOCABULARY, "outputs": VOCABULARY, "out_h": "deep output",
+                 "out_z": "deep output", "word_embed": "embeddings",
+                 "feature_embed": "embeddings", "image_embed": "embeddings",
+                 "init_h": "initial state", "init_c": "initial state",
+                 "init_proj": "initial state", "manager": "MANAGER and goals",
+                 "to_goal": "MANAGER and goals", "dropout": "dropout"}
+MODULE_METHODS = ("project", "step", "steps")  # a submodule's calls that are not its forward
+# a decoder's own methods that run its vocabulary projection (HACap's O_t w_t uses L_O's weight)
+DECODER_METHODS = {"word_logits": VOCABULARY}
+PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm",
+            "aten::matmul", "aten::linear", "aten::_addmm_activation", "aten::mkldnn_rnn_layer",
+            "aten::mkldnn_rnn_layer_backward"}
 MARK = "group: "
 BACKWARD = "autograd::engine::evaluate_function: "
+GREEDY, REWARD = "greedy decode (no grad)", "CIDEr-D reward (numpy)"
+UPDATE = ("zero_grad", "clip", "optimiser")
 
+
+# ------------------------------------------------------------------------- the work
+
+class Work:
+    """One decoder's training step at peer_steps.py's sizes: model, Adam, batch, objectives."""
+
+    def __init__(self, name: str, images: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        locations = GRID if name in GRID_DECODERS else REGIONS
+        feats = torch.from_numpy(np.abs(rng.standard_normal((images, locations, DIM)))
+                                 .astype(np.float32))
+        words = VOCAB - SPECIALS
+        refs = (rng.zipf(1.3, size=images * PER_IMAGE * LENGTH) % words + 1).reshape(
+            images, PER_IMAGE, LENGTH)  # word w in 1..words
+        torch.manual_seed(seed)
+        self.model = build_decoder(name, decoder_config(name, DECODERS.get(name).Config),
+                                   VOCAB, DIM).train()
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)
+        captions = torch.zeros(images * PER_IMAGE, LENGTH + 2, dtype=torch.long)
+        captions[:, 0] = 1  # <bos>
+        captions[:, 1:LENGTH + 1] = torch.from_numpy(refs.reshape(-1, LENGTH)) + SPECIALS - 1
+        captions[:, LENGTH + 1] = 2  # <eos>
+        mask = torch.ones(images, locations, dtype=torch.bool)
+        share = whole_batch(int((captions[:, 1:] != 0).sum()), images * PER_IMAGE, images)
+        self.batch = TrainBatch(list(range(images)), feats, mask, captions, share,
+                                seq_per_img=PER_IMAGE)
+        setting = Setting(captions=None, max_len=LENGTH)
+        self.xe = CrossEntropy(CrossEntropyConfig(), setting)
+        names = ["<pad>", "<bos>", "<eos>", "<unk>"] + [str(w) for w in range(1, VOCAB - 3)]
+        references = {i: [" ".join(str(int(w)) for w in c) for c in refs[i]]
+                      for i in range(images)}
+        self.scst = SelfCritical(SelfCriticalConfig(reward=None, samples=PER_IMAGE,
+                                                    baseline="greedy"), setting,
+                                 scorer=CiderD.from_references(references, names))
+        self.locations = locations
+
+    def step(self, objective) -> callable:
+        """An update with ``objective`` as the run makes it, each phase marked."""
+        def step():
+            with record_function(MARK + "rest of the step"):
+                loss = objective.loss(self.model, self.batch, StepKey(0, 0, 0))[0]
+            with record_function(MARK + "zero_grad"):
+                self.opt.zero_grad()
+            with record_function(MARK + "unattributed"):
+                loss.backward()
+            with record_function(MARK + "clip"):
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+            with record_function(MARK + "optimiser"):
+                self.opt.step()
+        return step
+
+
+def decoder_config(name: str, config_class):
+    """The decoder's defaults (the papers' widths), top_down as peer_steps.py builds it."""
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    if name == "top_down":
+        return config_class(**{k: WIDTH for k in ("hidden", "embed", "att_hidden",
+                                                  "feature_embed") if k in fields})
+    return config_class()
+
+
+# ------------------------------------------------------------------------- marking the groups
 
 def annotate_modules(model: torch.nn.Module) -> None:
-    """Each grouped submodule's forward (and ``project``, the products some take ahead of the
-    steps) runs inside a ``record_function`` of its group."""
-    for name, group in MODULE_GROUPS.items():
-        module = getattr(model, name, None)
-        if module is None:
-            continue
-        module.register_forward_pre_hook(lambda m, args, g=group: m.__dict__.setdefault(
-            "_ranges", []).append(record_function(MARK + g).__enter__()))
-        module.register_forward_hook(lambda m, args, out: m._ranges.pop().__exit__(None, None, None))
-        if hasattr(module, "project"):
-            module.project = marked_call(module.project, group)
+    """Each submodule's forward (and ``project``, ``step``, ``steps``: the products some take
+    ahead of the steps, or a step called by name) runs inside a ``record_function`` of its
+    group; a container's (Stack-Cap's stages) each of its modules."""
+    for name, child in model.named_children():
+        group = MODULE_GROUPS.get(name, name)
+        is_container = isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict))
+        for module in (child.children() if is_container else [child]):
+            module.register_forward_pre_hook(lambda m, args, g=group: m.__dict__.setdefault(
+                "_ranges", []).append(record_function(MARK + g).__enter__()))
+            module.register_forward_hook(
+                lambda m, args, out: m._ranges.pop().__exit__(None, None, None))
+            for method in MODULE_METHODS:
+                if hasattr(module, method):
+                    setattr(module, method, marked_call(getattr(module, method), group))
+    for method, group in DECODER_METHODS.items():
+        if hasattr(model, method):
+            setattr(model, method, marked_call(getattr(model, method), group))
 
 
 def marked_call(function, group: str):
@@ -71,11 +190,7 @@ def marked_call(function, group: str):
     return call
 
 
-GREEDY, REWARD = "greedy decode (no grad)", "CIDEr-D reward (numpy)"
-UPDATE = ("zero_grad", "clip", "optimiser")
-
-
-def annotate_objectives(scst: SelfCritical) -> None:
+def annotate_objectives(scst) -> None:
     """The cross-entropy, SCST's greedy baseline and its reward scoring each in their range."""
     cross_entropy.token_cross_entropy = marked_call(cross_entropy.token_cross_entropy,
                                                     "log-softmax and loss")
@@ -83,21 +198,7 @@ def annotate_objectives(scst: SelfCritical) -> None:
     scst.scorer.score = marked_call(scst.scorer.score, REWARD)
 
 
-def step_of(side: Capstack, objective) -> callable:
-    """``side``'s update as Capstack._update runs it, each phase marked."""
-    def step():
-        with record_function(MARK + "rest of the step"):
-            loss = objective.loss(side.model, side.batch, StepKey(0, 0, 0))[0]
-        with record_function(MARK + "zero_grad"):
-            side.opt.zero_grad()
-        with record_function(MARK + "unattributed"):
-            loss.backward()
-        with record_function(MARK + "clip"):
-            torch.nn.utils.clip_grad_norm_(side.model.parameters(), CLIP)
-        with record_function(MARK + "optimiser"):
-            side.opt.step()
-    return step
-
+# ------------------------------------------------------------------------- attributing the time
 
 def group_of(event, forward_groups: dict) -> tuple[str, str]:
     """(phase, group) of an op event: its nearest marked ancestor names the group, a backward
@@ -148,15 +249,42 @@ def time_by_group(events, wall: float) -> tuple[dict, dict]:
     return spent, ops
 
 
-def profile_table(step, label: str, show_ops: bool) -> None:
-    times = seconds(step, 3)
+class Profiled(NamedTuple):
+    times: list[float]  # unprofiled steps, seconds
+    wall: float  # the profiled step
+    spent: dict  # (phase, group) -> seconds
+    ops: dict  # (phase, group, op) -> seconds
+
+    @property
+    def in_products(self) -> float:
+        """The profiled step's share in matrix products, every phase."""
+        return sum(t for (_, _, op), t in self.ops.items() if op in PRODUCTS) / self.wall
+
+
+def seconds(run, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` calls after one warm-up call."""
+    run()
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def profiled(step, steps: int) -> Profiled:
+    times = seconds(step, steps)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()
         step()
         wall = time.perf_counter() - started
-    spent, ops = time_by_group(prof.events(), wall)
-    print(f"\n{label}: {min(times):.2f}-{max(times):.2f} s a step unprofiled, "
-          f"{wall:.2f} s profiled")
+    return Profiled(times, wall, *time_by_group(prof.events(), wall))
+
+
+def print_table(result: Profiled, label: str, show_ops: bool) -> None:
+    spent, wall = result.spent, result.wall
+    print(f"\n{label}: {min(result.times):.2f}-{max(result.times):.2f} s a step unprofiled, "
+          f"{wall:.2f} s profiled, {result.in_products:.0%} of it in matrix products")
     print(f"{'group':34} {'forward':>8} {'greedy':>8} {'backward':>8} {'total':>8} {'share':>6}")
     totals = defaultdict(float)
     for (_, group), t in spent.items():
@@ -168,24 +296,49 @@ def profile_table(step, label: str, show_ops: bool) -> None:
         print(f"{group:34} " + " ".join(f"{t:8.3f}" for t in columns)
               + f" {total:8.3f} {total / wall:6.1%}")
         if show_ops:
-            for (phase, where, op), t in sorted(ops.items(), key=lambda kv: -kv[1]):
+            for (phase, where, op), t in sorted(result.ops.items(), key=lambda kv: -kv[1]):
                 if where == group and t >= 0.005:
                     print(f"    {phase:8} {op:40} {t:8.3f}")
 
 
+def profile_decoder(name: str, args) -> tuple[Work, Profiled, Profiled]:
+    work = Work(name, args.images)
+    annotate_modules(work.model)
+    annotate_objectives(work.scst)
+    return work, profiled(work.step(work.xe), args.steps), profiled(work.step(work.scst),
+                                                                    args.steps)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--decoder", default="top_down", help="a registered decoder, or all")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ops", action="store_true", help="each group's ops above 5 ms too")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps of each (after a warm-up)")
+    ap.add_argument("--images", type=int, default=50, help="images a step (5 captions each)")
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="the capstack checkout to import (another one: its code, timed "
+                         "by this script; read before the imports, see checkout())")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    side = Capstack(Work())
-    annotate_modules(side.model)
-    annotate_objectives(side.scst)
-    print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads; "
-          f"peer_steps.py's sizes")
-    profile_table(step_of(side, side.xe), "XE step", args.ops)
-    profile_table(step_of(side, side.scst), "SCST step (5 samples + greedy)", args.ops)
+    names = sorted(DECODERS) if args.decoder == "all" else [args.decoder]
+    DECODERS.get(names[0])  # an unknown name: the registry's error, with the names it has
+    print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads; capstack at "
+          f"{Path(trainer.__file__).parent.parent}; hidden {WIDTH}, vocabulary {VOCAB}, {args.images} images x "
+          f"{PER_IMAGE} captions of {LENGTH} words, Adam, clip {CLIP}")
+    if args.decoder != "all":
+        work, xe, scst = profile_decoder(args.decoder, args)
+        print(f"{args.decoder}: {work.locations}x{DIM} features")
+        print_table(xe, "XE step", args.ops)
+        print_table(scst, f"SCST step ({PER_IMAGE} samples + greedy)", args.ops)
+        return
+    print(f"\n{'decoder':16} {'features':>9} {'XE s':>11} {'products':>9} {'SCST s':>11} "
+          f"{'products':>9}")
+    for name in names:
+        work, xe, scst = profile_decoder(name, args)
+        print(f"{name:16} {work.locations:>5}x{DIM} "
+              + " ".join(f"{np.median(r.times):11.2f} {r.in_products:9.0%}" for r in (xe, scst)),
+              flush=True)
 
 
 if __name__ == "__main__":

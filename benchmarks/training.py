@@ -1,19 +1,27 @@
 """Training step time and beam-search throughput, printed with ratios.
 
-- XE training steps of ``top_down`` (hidden 512, 36x2048 regions, 50 images x 5
-  captions) and ``soft_attention`` (196x2048 grid, 10 images x 5 captions), with
-  the store reads included (TrainBatches over a real LMDB store) and excluded
-  (one batch reused), and AMP on/off on a GPU.
+- XE (and with ``--scst``, SCST: 5 samples + the greedy baseline, CIDEr-D) training
+  steps of each ``--setups`` decoder (default ``top_down``: 36x2048 regions, 50
+  images x 5 captions; ``soft_attention``: a 196x2048 grid, 10 images x 5 captions;
+  ``NAME:LOCATIONS:IMAGES`` for others), with the store reads included
+  (TrainBatches over a real LMDB store, read ahead in pinned memory on a GPU as
+  training does) and excluded (one batch reused), bfloat16 autocast off and on
+  (``--amp``: on the CPU too), images/s, and on a GPU the share of the step's wall
+  time the GPU is busy (the profiler's kernel time over the wall time).
 - beam search (K = 5) captions/s, images x beams batched (50 images, as evaluation
   does), against a loop over one image at a time of the same code: a random
   COCO-size top_down, and the demo's trained decoders when `make demo` has run.
 
-    python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--images 200]
+    python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--hidden 512] [--scst]
+        [--setups top_down,stack_cap:196:50] [--amp] [--beam-images 200] [--beam-single 0]
+
+GPU.md's sizes: ``--device cuda --hidden 1000 --scst --setups top_down,stack_cap:196:50``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -26,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from pipeline.captions.prepared import Captions  # noqa: E402
 from pipeline.captions.vocab import Vocabulary  # noqa: E402
@@ -36,10 +45,14 @@ from trainer.decode import beam_search  # noqa: E402
 from trainer.decoders import DECODERS, build_decoder  # noqa: E402
 from trainer.objectives import Setting, StepKey  # noqa: E402
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
+from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
+from trainer.precision import Precision  # noqa: E402
+from trainer.read_ahead import read_ahead  # noqa: E402
+from trainer.rewards.cider import CiderD  # noqa: E402
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
-COCO_SIZE = {"hidden": 512, "embed": 512, "att_hidden": 512}  # a decoder of the papers' size
+SETUPS = {"top_down": (36, 50), "soft_attention": (196, 10)}  # locations, images a batch
 
 
 def synthetic_captions(n_images: int, rng) -> Captions:
@@ -69,48 +82,88 @@ def synthetic_store(path: Path, n_images: int, rows: int, dim: int, kind: str, r
     return path
 
 
-def step_time(model, batches, device, steps: int, reuse_batch: bool, amp: bool) -> float:
-    """Seconds per optimiser step, the first (warm-up) step excluded."""
+def decoder_sizes(name: str, hidden: int) -> dict:
+    """The decoder's widths at ``hidden`` (embeddings and attention too; the papers' 512)."""
+    fields = {f.name for f in dataclasses.fields(DECODERS.get(name).Config)}
+    return {k: hidden for k in ("hidden", "embed", "att_hidden") if k in fields}
+
+
+def objectives(captions: Captions, scst: bool) -> dict:
+    """XE, and SCST scored by CIDEr-D against the synthetic references."""
+    setting = Setting(captions=None, max_len=CAPTION_LEN)
+    made = {"XE": CrossEntropy(CrossEntropyConfig(), setting)}
+    if scst:
+        words = captions.vocab.itow
+        refs = {int(i): [" ".join(words[w] for w in captions.labels[k, :captions.lengths[k]])
+                         for k in range(captions.label_start[r], captions.label_end[r])]
+                for r, i in enumerate(captions.image_ids)}
+        made["SCST"] = SelfCritical(SelfCriticalConfig(reward=None, samples=5), setting,
+                                    scorer=CiderD.from_references(refs, words))
+    return made
+
+
+def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, amp: bool,
+              busy: bool = False) -> tuple[float, float | None]:
+    """Seconds per optimiser step, the first (warm-up) step excluded; and with ``busy`` on a
+    GPU, the share of the timed steps' wall time that kernels ran."""
     opt = torch.optim.Adam(model.parameters(), lr=4e-4)
-    xe = CrossEntropy(CrossEntropyConfig(), Setting(captions=None, max_len=CAPTION_LEN))
-    cast = torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext()
-    it = batches.epoch(0)
+    precision = Precision("bfloat16" if amp else "off", device)
+    it = read_ahead(batches.epoch(0), device)
     fixed = next(it).to(device)
-    times = []
-    for _ in range(steps + 1):
-        started = time.perf_counter()
+
+    def one_step():
         batch = fixed if reuse_batch else next(it).to(device)
-        with cast:
-            loss, _ = xe.loss(model, batch, StepKey(0, 0, 0))
+        with precision.autocast():
+            loss, _ = objective.loss(model, batch, StepKey(0, 0, 0))
         opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return float(np.mean(times[1:]))
+        precision.backward(loss)
+        precision.step(opt, 0.1)
+        loss.item()  # as training's log does: the step's end
+
+    one_step()
+    profiling = busy and device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA]) if profiling else nullcontext() as prof:
+        started = time.perf_counter()
+        for _ in range(steps):
+            one_step()
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        wall = (time.perf_counter() - started) / steps
+    it.close()
+    if not profiling:
+        return wall, None
+    kernels = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / steps
+    return wall, kernels / wall
 
 
-def beam_rates(model, feats, mask, batch: int) -> tuple[float, float]:
-    """Captions/s of beam search (K = 5) in batches of ``batch`` images, and one at a time."""
+def beam_rates(model, feats, mask, batch: int, single_images: int = -1) -> tuple[float, float]:
+    """Images/s of beam search (K = 5) in batches of ``batch`` images, and one at a time (over
+    the first ``single_images``; -1: all)."""
     model.eval()
+    single_images = len(feats) if single_images < 0 else min(single_images, len(feats))
     with torch.no_grad():
         started = time.perf_counter()
         for i in range(0, len(feats), batch):
             beam_search(model, model.encode(feats[i:i + batch], mask[i:i + batch]), 5, CAPTION_LEN)
+        synchronize(feats.device)
         batched = len(feats) / (time.perf_counter() - started)
         started = time.perf_counter()
-        for i in range(len(feats)):
+        for i in range(single_images):
             beam_search(model, model.encode(feats[i:i + 1], mask[i:i + 1]), 5, CAPTION_LEN)
-        single = len(feats) / (time.perf_counter() - started)
+        synchronize(feats.device)
+        single = single_images / max(time.perf_counter() - started, 1e-9)
     return batched, single
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def beam_setups(images: int, device):
     """(label, model, feats, mask): a random COCO-size top_down, and the demo's trained decoders."""
     torch.manual_seed(0)
-    model = build_decoder("top_down", DECODERS.get("top_down").Config(**COCO_SIZE), VOCAB,
-                          2048).to(device)
+    model = build_decoder("top_down", DECODERS.get("top_down").Config(
+        **decoder_sizes("top_down", 512)), VOCAB, 2048).to(device)
     feats = torch.randn(images, 36, 2048, device=device).abs()
     yield ("top_down, random, COCO size (hidden 512, 36x2048, vocab 9487)", model, feats,
            torch.ones(images, 36, dtype=torch.bool, device=device))
@@ -133,38 +186,68 @@ def beam_setups(images: int, device):
                feats.to(device, torch.float32), mask.to(device))
 
 
+def parse_setups(text: str) -> list[tuple[str, int, int]]:
+    """``top_down,stack_cap:196:50`` -> [(decoder, locations, images a batch)]."""
+    setups = []
+    for item in text.split(","):
+        name, *sizes = item.split(":")
+        locations, images = map(int, sizes) if sizes else SETUPS[name]
+        setups.append((name, locations, images))
+    return setups
+
+
+def step_rows(args, device, rng):
+    """One printed row per (decoder, objective, precision)."""
+    amps = [False, True] if device.type == "cuda" or args.amp else [False]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rows, batch_size in parse_setups(args.setups):
+            kind = "regions" if rows <= 100 else "grid"
+            n_images = batch_size * (2 * args.steps + 4)
+            store = synthetic_store(Path(tmp) / f"{name}.lmdb", n_images, rows, 2048, kind, rng)
+            captions = synthetic_captions(n_images, rng)
+            batches = TrainBatches(captions, Features([store]), batch_size=batch_size,
+                                   seq_per_img=5, seed=0)
+            for label, objective in objectives(captions, args.scst).items():
+                for amp in amps:
+                    torch.manual_seed(0)
+                    model = build_decoder(name, DECODERS.get(name).Config(
+                        **decoder_sizes(name, args.hidden)), VOCAB, 2048).to(device)
+                    incl, busy = step_time(model, objective, batches, device, args.steps,
+                                           reuse_batch=False, amp=amp, busy=True)
+                    excl, _ = step_time(model, objective, batches, device, args.steps,
+                                        reuse_batch=True, amp=amp)
+                    print(f"{name:>15} {label:>4} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} "
+                          f"{'bf16' if amp else 'fp32':>5} {incl:9.3f} {batch_size / incl:9.1f} "
+                          f"{excl:9.3f} {max(incl - excl, 0) / incl:10.2f} "
+                          f"{'' if busy is None else f'{busy:8.2f}'}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--hidden", type=int, default=512, help="decoder widths (GPU.md: 1000)")
+    ap.add_argument("--setups", default="top_down,soft_attention",
+                    help="decoders, each NAME or NAME:LOCATIONS:IMAGES")
+    ap.add_argument("--scst", action="store_true", help="SCST steps too")
+    ap.add_argument("--amp", action="store_true", help="bfloat16 rows on the CPU too")
     ap.add_argument("--beam-images", type=int, default=200)
     ap.add_argument("--beam-batch", type=int, default=50, help="images per beam-search batch")
+    ap.add_argument("--beam-single", type=int, default=-1,
+                    help="images decoded one at a time for the ratio (default: all)")
     args = ap.parse_args()
     device = torch.device(args.device)
-    rng = np.random.default_rng(0)
-    setups = [("top_down", 36, "regions", 50), ("soft_attention", 196, "grid", 10)]
-    amps = [False, True] if device.type == "cuda" else [False]
-    print(f"device: {device} ({torch.get_num_threads()} threads)")
-    print(f"{'decoder':>15} {'features':>9} {'batch':>6} {'amp':>4} {'step s (data incl.)':>20} "
-          f"{'step s (excl.)':>15} {'data share':>10}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, rows, kind, batch_size in setups:
-            n_images = batch_size * (args.steps + 2)
-            store = synthetic_store(Path(tmp) / f"{name}.lmdb", n_images, rows, 2048, kind, rng)
-            batches = TrainBatches(synthetic_captions(n_images, rng), Features([store]),
-                                   batch_size=batch_size, seq_per_img=5, seed=0)
-            for amp in amps:
-                torch.manual_seed(0)
-                model = build_decoder(name, DECODERS.get(name).Config(**COCO_SIZE),
-                                      VOCAB, 2048).to(device)
-                incl = step_time(model, batches, device, args.steps, reuse_batch=False, amp=amp)
-                excl = step_time(model, batches, device, args.steps, reuse_batch=True, amp=amp)
-                print(f"{name:>15} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} {str(amp):>4} "
-                      f"{incl:20.3f} {excl:15.3f} {max(incl - excl, 0) / incl:10.2f}")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"device: {device} {name} ({torch.get_num_threads()} threads), torch {torch.__version__},"
+          f" hidden {args.hidden}, vocabulary {VOCAB}")
+    print(f"{'decoder':>15} {'step':>4} {'features':>9} {'batch':>6} {'amp':>5} {'step s':>9} "
+          f"{'images/s':>9} {'no-data s':>9} {'data share':>10} {'GPU busy':>8}")
+    step_rows(args, device, np.random.default_rng(0))
     for label, model, feats, mask in beam_setups(args.beam_images, device):
-        batched, single = beam_rates(model, feats, mask, args.beam_batch)
-        print(f"beam search K=5, {label}: batches of {args.beam_batch} {batched:.0f} captions/s, "
-              f"one image at a time {single:.0f}: {batched / single:.1f}x")
+        batched, single = beam_rates(model, feats, mask, args.beam_batch, args.beam_single)
+        alone = f", one image at a time {single:.0f}: {batched / single:.1f}x" if single else ""
+        print(f"beam search K=5, {label}: batches of {args.beam_batch} {batched:.0f} images/s"
+              + alone)
 
 
 if __name__ == "__main__":

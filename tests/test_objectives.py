@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.objectives import OBJECTIVES
-from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig, token_cross_entropy
 from trainer.train import Run, train
 from trainer_fixtures import logged, prepared_with_grid, write_experiment
 
@@ -123,3 +124,21 @@ def test_objectives_command_lists_the_registered_objectives(capstack):
     names = [line.split()[0] for line in lines]
     assert {"xe", "scst", "c2f"} <= set(names)
     assert all(len(line.split(None, 1)) == 2 for line in lines)
+
+
+def test_token_cross_entropy_is_torch_s_summed_cross_entropy_in_value_and_gradient():
+    """The in-place backward (softmax - onehot in the saved log-probabilities) gives torch's
+    gradient, <pad> targets (0) contributing nothing, for any upstream gradient."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 5, 40, requires_grad=True)
+    targets = torch.randint(1, 40, (6, 5))
+    targets[0, 2:] = 0
+    ours = token_cross_entropy(logits, targets)
+    (ours * 2.5).backward()
+    ours_grad, logits.grad = logits.grad, None
+    theirs = F.cross_entropy(logits.reshape(-1, 40), targets.reshape(-1), ignore_index=0,
+                             reduction="sum")
+    (theirs * 2.5).backward()
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours_grad, logits.grad)
+    assert (ours_grad[0, 2:] == 0).all()

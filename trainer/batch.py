@@ -58,6 +58,11 @@ class TrainBatch:
     index: int = 0  # the batch's position in its epoch
     seq_per_img: int = 1  # captions of each image (consecutive rows of ``captions``)
 
+    def pin_memory(self) -> "TrainBatch":
+        """The tensors in page-locked memory, so that :meth:`to` a GPU copies asynchronously."""
+        return replace(self, feats=self.feats.pin_memory(), mask=self.mask.pin_memory(),
+                       captions=self.captions.pin_memory())
+
     def to(self, device: torch.device) -> "TrainBatch":
         return replace(self, feats=self.feats.to(device, torch.float32, non_blocking=True),
                        mask=self.mask.to(device, non_blocking=True),

@@ -95,7 +95,9 @@ class TrainConfig:
     seed: int = bounded(0, 0, MAX_SEED)
     init_from: str = ""  # a checkpoint whose weights start this run (RL after XE)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: bool = True  # bfloat16 autocast on CUDA; ignored on CPU
+    # autocast: auto = bfloat16 on CUDA, none on a CPU; bfloat16 or float16 on either device
+    # (float16 with a gradient scaler); off. true / false (the old form) read as auto / off.
+    amp: Literal["auto", "bfloat16", "float16", "off"] = "auto"
     tensorboard: bool = False  # TensorBoard events in the run's events/ (capstack[tensorboard])
 
     def check(self):
@@ -209,7 +211,8 @@ def read_yaml_mapping(path: Path) -> dict:
 
 def read_old_keys(data: dict, where: str) -> dict:
     """Keys an experiment had before their settings moved, in their places now."""
-    return read_old_batching(read_old_optimizer(read_old_reward(data, where), where), where)
+    return read_old_amp(read_old_batching(read_old_optimizer(read_old_reward(data, where), where),
+                                          where))
 
 
 def experiment_from_dict(data: dict, where: str) -> ExperimentConfig:
@@ -566,6 +569,14 @@ def read_old_batching(data: dict, where: str) -> dict:
     kept = {k: v for k, v in section.items() if k != "bucket_by_length"}
     return {**data, "data": {**kept, "batching": "length_buckets" if bucket is True else
                              "images" if bucket is False else bucket}}
+
+
+def read_old_amp(data: dict) -> dict:
+    """``train.amp: BOOL``, from before autocast had a precision, as ``auto`` or ``off``."""
+    section = data.get("train")
+    if not isinstance(section, dict) or not isinstance(section.get("amp"), bool):
+        return data
+    return {**data, "train": {**section, "amp": "auto" if section["amp"] else "off"}}
 
 
 def old_reward_override(item: str) -> list[str]:

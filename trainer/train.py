@@ -31,7 +31,7 @@ import logging
 import math
 import os
 import time
-from contextlib import ExitStack, contextmanager, nullcontext, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -57,12 +57,14 @@ from trainer.decoders.base import Decoder
 from trainer.evaluation.validate import validate
 from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
 from trainer.optimizers import build_optimizer
+from trainer.precision import Precision
+from trainer.read_ahead import read_ahead
 from trainer.runs import RunRecord
 from trainer.selection import epochs_without_better, lr_decay_due, out_of_patience
 
 log = logging.getLogger(__name__)
 # init_from: the start is compared by content (its md5, in resume), wherever the file now lies
-RESUMABLE_CHANGES = {"epochs", "device", "checkpoint_every", "log_every", "init_from",
+RESUMABLE_CHANGES = {"epochs", "device", "amp", "checkpoint_every", "log_every", "init_from",
                      "tensorboard", "early_stop_patience"}
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
@@ -160,6 +162,8 @@ class Run:
                                                  batches=self.split_batches, log=self.log_event))
         self.objective.to(self.device)
         self.objective.bind(self.model)
+        self.precision = Precision(t.amp, self.device)
+        self.precision.refuse_own_optimisers(self.objective.optimizers())
         self.optimizer = build_optimizer(
             t.optimizer.name, t.optimizer.config,
             [{"params": params, "name": name}
@@ -232,7 +236,7 @@ class Run:
             "vocab": self.captions.vocab.to_json(), "stores": self.describe_stores(),
             "feature_dim": self.features.feature_dim,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "objective": self.objective.state_dict(),
+            "objective": self.objective.state_dict(), "precision": self.precision.state_dict(),
             "table": table_labels(self.objective),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "batch": self.batch,
             "step": self.step, "best_cider": self.best_cider, "best_epoch": self.best_epoch,
@@ -266,6 +270,7 @@ class Run:
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.objective.load_state_dict(ckpt["objective"])
+        self.precision.load_state_dict(ckpt.get("precision", {}))
         self.epoch, self.batch, self.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
         self.best_cider, self.best_epoch = ckpt["best_cider"], ckpt["best_epoch"]
         # saved before train.select_on: kept on CIDEr, its only score then
@@ -329,11 +334,6 @@ class Run:
                     self.events.add_scalar(f"{entry['kind']}/{key}", value, step)
             self.events.flush()
 
-    def autocast(self):
-        if self.device.type == "cuda" and self.config.train.amp:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
-
     def train_step(self, batch) -> dict:
         """One optimiser step on this rank's part of a global batch; the batch's statistics."""
         t = self.config.train
@@ -342,15 +342,12 @@ class Run:
         key = StepKey(t.seed, self.epoch, batch.index)
         started = time.perf_counter()
         batch = batch.to(self.device)
-        with self.autocast():
+        with self.precision.autocast():
             loss, stats = self.loss(batch, key)
         backward_at = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        (loss * self.ranks.world).backward()  # DDP averages the ranks' gradients
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(
-                [p for group in self.optimizer.param_groups for p in group["params"]], t.grad_clip)
-        self.optimizer.step()
+        self.precision.backward(loss * self.ranks.world)  # DDP averages the ranks' gradients
+        self.precision.step(self.optimizer, t.grad_clip)
         stepped_at = time.perf_counter()
         stats = {"loss": loss.item(), **stats, **self.objective.after_step(self.model, batch, key)}
         stats.setdefault("time_forward", backward_at - started)
@@ -372,7 +369,7 @@ class Run:
                    disable=not progress or not self.ranks.main,
                    desc=f"{self.config.name} epoch {self.epoch + 1}/{t.epochs}", unit="batch")
         self.model.train()
-        for batch in self.batches.epoch(self.epoch, self.batch):
+        for batch in read_ahead(self.batches.epoch(self.epoch, self.batch), self.device):
             losses = self.train_step(batch)
             self.stop_unless_finite(losses["loss"], batch)
             self.epoch_loss = [self.epoch_loss[0] + losses["loss"], self.epoch_loss[1] + 1]
@@ -405,7 +402,7 @@ class Run:
         """CIDEr-D (the log's, the curves') and the score best.pt is kept on, greedy."""
         t = self.config.train
         return validate(self.model, self.captions, self.features, self.device,
-                        max_len=t.max_len, limit=t.val_images, autocast=self.autocast,
+                        max_len=t.max_len, limit=t.val_images, autocast=self.precision.autocast,
                         ranks=self.ranks, scores=tuple(dict.fromkeys(("cider", t.select_on))))
 
     def end_epoch(self, started: float) -> EpochReport:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.atomic import atomic_file
+from pipeline.core.bulk import gc_paused
 from pipeline.core.errors import CapstackError, too_deep
 
 
@@ -21,7 +22,8 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     except (OSError, UnicodeDecodeError) as error:
         raise CapstackError(f"{path}: cannot read {what} ({error})") from None
     try:
-        return json.loads(text)
+        with gc_paused():  # a dataset's json: millions of objects (bulk.py)
+            return json.loads(text)
     except json.JSONDecodeError as error:
         raise CapstackError(f"{path}: not valid JSON (line {error.lineno} column {error.colno}: "
                             f"{error.msg})") from None

@@ -15,6 +15,8 @@ from pathlib import Path
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json, write_json
 
+MAX_POINTER_BYTES = 64 << 10  # a pointer is two short fields; a larger .json is something else
+
 
 def write_pointer(pointer: Path, store: Path, fp: str) -> None:
     write_json(pointer, {"store": str(Path(store).resolve()), "fingerprint": fp})
@@ -32,8 +34,10 @@ def read_pointer(pointer: str | Path) -> Path:
 
 
 def target_of(path: Path) -> Path | None:
-    """The store ``path`` points to when it is a pointer file; None for any other file."""
-    if path.suffix != ".json" or not path.is_file():
+    """The store ``path`` points to when it is a pointer file; None for any other file. A
+    .json larger than a pointer can be (a dataset's captions, 100 MB for COCO) is not read:
+    every stage check asks this of every dep and out."""
+    if path.suffix != ".json" or not path.is_file() or path.stat().st_size > MAX_POINTER_BYTES:
         return None
     try:
         return read_pointer(path)

@@ -10,6 +10,7 @@ import numpy as np
 from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores import open_store
+from pipeline.features.stores.schema import finite
 
 
 def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
@@ -45,7 +46,7 @@ def check_every_record(store_path: str | Path, progress: bool = True) -> tuple[i
                                 f"(0 rows): training has nothing to attend to; import or "
                                 f"extract the store again (capstack skips such images now)")
         for name, values in record.fields.items():
-            if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            if np.issubdtype(values.dtype, np.floating) and not finite(values):
                 bad = int((~np.isfinite(values)).sum())
                 raise CapstackError(f"{store.path}: image {int(image_id)}: {name}: {bad} of "
                                     f"{values.size} values are NaN or infinite")

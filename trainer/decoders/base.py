@@ -85,6 +85,11 @@ def expand_context(ctx: Context, n: int) -> Context:
     return {k: v.repeat_interleave(n, dim=0) for k, v in ctx.items()}
 
 
+def stack_steps(per_step: list[Tensor | None]) -> Tensor | None:
+    """T x [N, ...] -> [N, T, ...]; None for a decoder whose steps give none (no attention)."""
+    return torch.stack(per_step, 1) if per_step[0] is not None else None
+
+
 def select(tensors, index: Tensor):
     """Rows ``index`` of every tensor of a state tuple or context dict."""
     if isinstance(tensors, dict):
@@ -162,8 +167,8 @@ class Decoder(nn.Module):
         given, picks each step's input words after the first from the caption's
         and the previous step's logits (scheduled sampling). Without a feed, a
         decoder that splits its step embeds every step's words at once, runs the
-        recurrence alone and projects all T steps in one matrix product, whose
-        backward is one product too: on a CPU the per-step projections, their
+        recurrence alone (:meth:`recur`) and projects all T steps in one matrix product,
+        whose backward is one product too: on a CPU the per-step projections, their
         gradient sums and the copies of [N, T, V] logits were a third of an XE step.
         """
         if feed is None and self.reads_out_once:
@@ -175,18 +180,24 @@ class Decoder(nn.Module):
             step_logits, state, alpha = self.step(words, state, ctx)
             logits.append(step_logits)
             alphas.append(alpha)
-        return DecoderOutput(torch.stack(logits, 1),
-                             torch.stack(alphas, 1) if alphas[0] is not None else None)
+        return DecoderOutput(torch.stack(logits, 1), stack_steps(alphas))
 
     def _forward_read_out_once(self, ctx: Context, captions: Tensor) -> DecoderOutput:
-        state = self.init_state(ctx)
+        hiddens, alphas = self.recur(self.embed_words(captions[:, :-1].t()), self.init_state(ctx),
+                                     ctx)
+        return DecoderOutput(self.readout(hiddens), alphas)
+
+    def recur(self, inputs: Tensor, state: State, ctx: Context) -> tuple[Tensor, Tensor | None]:
+        """The recurrence alone over every step's :meth:`embed_words` [T, N, ...] from ``state``
+        -> what the readout reads [N, T, ...], attention [N, T, ...] (or None): ``step_hidden``
+        a step at a time, unless a decoder runs a whole sequence its own way (show_tell's
+        nn.LSTM on the whole caption, gru_init's cell taking its weights once)."""
         hiddens, alphas = [], []
-        for inputs in self.embed_words(captions[:, :-1].t()).unbind(0):  # T x [N, ...]
-            hidden, state, alpha = self.step_hidden(inputs, state, ctx)
+        for step_inputs in inputs.unbind(0):
+            hidden, state, alpha = self.step_hidden(step_inputs, state, ctx)
             hiddens.append(hidden)
             alphas.append(alpha)
-        return DecoderOutput(self.readout(torch.stack(hiddens, 1)),
-                             torch.stack(alphas, 1) if alphas[0] is not None else None)
+        return torch.stack(hiddens, 1), stack_steps(alphas)
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:

@@ -6,7 +6,8 @@ the GRU's update gate keeps gradients from vanishing along the caption.
 The cell: ``cell: report`` is the report's own equations (trainer/modules/report_gru.py:
 the relevance gate applied to c_{t-1} before the candidate's product); ``cell: torch``
 (the default, kept for runs made before the report's cell) is ``nn.GRUCell``, which applies
-it after. The paper blocks (configs/coco/gru_baseline/) ask for ``report``.
+it after. The paper blocks (configs/coco/gru_baseline/) ask for ``report``. Either cell takes
+the words' share of its products ahead of the recurrence (trainer/modules/gru.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, State
 from trainer.modules.dropout import Dropout
+from trainer.modules.gru import GRUCell
 from trainer.modules.pooling import masked_mean
 from trainer.modules.report_gru import ReportGRUCell
 
@@ -42,7 +44,7 @@ class GRUInit(Decoder):
         super().__init__(config, vocab_size, feature_dim)
         self.init_proj = nn.Linear(feature_dim, config.hidden)
         self.word_embed = nn.Embedding(vocab_size, config.embed)
-        cell = ReportGRUCell if config.cell == "report" else nn.GRUCell
+        cell = ReportGRUCell if config.cell == "report" else GRUCell
         self.gru = cell(config.embed, config.hidden)
         self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(config.hidden, vocab_size)
@@ -53,6 +55,17 @@ class GRUInit(Decoder):
     def init_state(self, ctx: Context) -> State:
         return (ctx["h0"],)
 
-    def step(self, words: Tensor, state: State, ctx: Context):
-        h = self.gru(self.dropout(self.word_embed(words)), state[0])  # [N, H]
-        return self.out(self.dropout(h)), (h,), None
+    def embed_words(self, words: Tensor) -> Tensor:
+        """The words' share of the GRU's gates, [...] -> [..., 3H]."""
+        return self.gru.project(self.dropout(self.word_embed(words)))
+
+    def step_hidden(self, share: Tensor, state: State, ctx: Context):
+        h = self.gru.step(share, state[0])  # [N, H]
+        return h, (h,), None
+
+    def recur(self, inputs: Tensor, state: State, ctx: Context):
+        """The steps with the weights they read taken once (trainer/modules/gru.py)."""
+        return self.gru.steps(inputs, state[0]), None
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        return self.out(self.dropout(hidden))

@@ -29,8 +29,12 @@ plus the doubly stochastic penalty plus the MANAGER's term on the real caption,
 -sum_t cos(f_{t+c} - f_t, g_t) (:meth:`HACap.loss_terms`).
 
 Teacher forcing computes D and the MANAGER over the whole caption at once (the
-SRU's parallel path); only the WORKER, whose attention reads its own previous
-state, goes step by step. :meth:`HACap.step` is the decoding path; both agree.
+SRU's parallel path), and the words' embeddings and the logits of every step at once; only
+the WORKER, whose attention reads its own previous state, goes step by step. E y's share of
+the WORKER's products is not taken ahead: its SRU's weights cover the whole input [E y; z],
+and splitting them into blocks (another parameter layout) would move E of E + D columns
+(256 of 2,304 on 2048-d grids) of a product that O_t's projection dwarfs.
+:meth:`HACap.step` is the decoding path; both agree.
 """
 
 from __future__ import annotations
@@ -180,13 +184,26 @@ class HACap(Decoder):
         uniform = ctx["mask"].to(alpha.dtype) / ctx["mask"].sum(1, keepdim=True).clamp(min=1)
         return torch.where(first > 0, ctx["mean"], z), torch.where(first > 0, uniform, alpha)
 
-    def work(self, words: Tensor, z: Tensor, window: Tensor,
-             c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The WORKER's step: -> logits [N, V], h, c. ``window``: the summed goals [N, F]."""
-        h, c = self.worker.step(torch.cat([self.dropout(self.word_embed(words)), z], 1), c)
-        actions = self.out(self.dropout(h)).view(h.shape[0], self.vocab_size, -1)  # O_t [N, V, k]
-        w = self.subgoal(window.detach())  # the WORKER does not train the MANAGER
-        return torch.bmm(actions, w[:, :, None]).squeeze(2), h, c
+    def embed(self, words: Tensor) -> Tensor:
+        """E y, dropped out as the WORKER reads it: [...] -> [..., E]."""
+        return self.dropout(self.word_embed(words))
+
+    def work(self, embedded: Tensor, z: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+        """The WORKER's step on [E y_{t-1}; z_t] -> h^W_t, its c."""
+        return self.worker.step(torch.cat([embedded, z], 1), c)
+
+    def word_logits(self, h: Tensor, window: Tensor) -> Tensor:
+        """p(y_t)'s logits O_t w_t, O_t = L_O h^W_t as V x k, on any leading shape: h [..., H],
+        ``window`` the summed goals [..., F] -> [..., V].
+
+        Computed as sum_j w_j (L_O,j h + b_j) = L_O' (w (x) h) + B w, L_O's rows (v, j) regrouped
+        as a [V, k H] matrix (a view): one product of the vocabulary's size, without the
+        [..., V, k] of O_t (six times the logits, in memory and in backward)."""
+        w = self.subgoal(window.detach())  # [..., k]; the WORKER does not train the MANAGER
+        h = self.dropout(h)
+        weight = self.out.weight.view(self.vocab_size, -1)  # [V, k H]
+        mixed = (w[..., :, None] * h[..., None, :]).flatten(-2)  # w (x) h, [..., k H]
+        return F.linear(mixed, weight) + w @ self.out.bias.view(self.vocab_size, -1).T
 
     def step(self, words: Tensor, state: State, ctx: Context):
         worker_c, worker_h, manager_c, d_state, goals, first = state
@@ -195,9 +212,9 @@ class HACap(Decoder):
         g, manager_c = self.goal(f, manager_c)
         goals = torch.cat([goals[:, 1:], g[:, None]], 1)
         z, alpha = self.attend(worker_h, first, ctx)
-        logits, worker_h, worker_c = self.work(words, z, goals.sum(1), worker_c)
+        worker_h, worker_c = self.work(self.embed(words), z, worker_c)
         state = (worker_c, worker_h, manager_c, d_state, goals, torch.zeros_like(first))
-        return logits, state, alpha
+        return self.word_logits(worker_h, goals.sum(1)), state, alpha
 
     # ------------------------------------------------------------------ teacher forcing
 
@@ -205,23 +222,24 @@ class HACap(Decoder):
                 feed: WordFeed | None = None) -> DecoderOutput:
         """Logits for captions[:, 1:], with ``extras``: ``goals`` g_0..g_{T-1} [N, T, G] (with
         the MANAGER's graph) and ``features`` f_0..f_T [N, T+1, G] of the whole caption, in the
-        goals' space (:meth:`in_goal_space`)."""
+        goals' space (:meth:`in_goal_space`). The words' embeddings are taken for every step
+        at once, and the logits of every step in one product after the WORKER's steps."""
         if feed is not None:
             raise CapstackError("hacap: scheduled sampling is not supported (its MANAGER reads "
                                 "the discriminator's features of the whole caption at once)")
         with torch.no_grad():
             features = self.discriminator.features(captions)  # [N, T+1, F]
         goals, _ = self.goal(features[:, :-1])
-        windows = goal_windows(goals, self.config.horizon)
         state = self.init_state(ctx)
         worker_c, worker_h, first = state[0], state[1], state[5]
-        logits, alphas = [], []
-        for t in range(captions.shape[1] - 1):
+        hiddens, alphas = [], []
+        for t, embedded in enumerate(self.embed(captions[:, :-1].t()).unbind(0)):
             z, alpha = self.attend(worker_h, first if t == 0 else torch.zeros_like(first), ctx)
-            step_logits, worker_h, worker_c = self.work(captions[:, t], z, windows[:, t], worker_c)
-            logits.append(step_logits)
+            worker_h, worker_c = self.work(embedded, z, worker_c)
+            hiddens.append(worker_h)
             alphas.append(alpha)
-        return DecoderOutput(torch.stack(logits, 1), torch.stack(alphas, 1),
+        logits = self.word_logits(torch.stack(hiddens, 1), goal_windows(goals, self.config.horizon))
+        return DecoderOutput(logits, torch.stack(alphas, 1),
                              {"goals": goals, "features": self.in_goal_space(features)})
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,

@@ -59,23 +59,31 @@ class HardAttention(SoftAttention):
         state = self.init_state(ctx)
         n = captions.shape[0]
         expected = torch.rand(n, device=captions.device) < self.config.expectation  # [N]
-        logits, alphas, location_logp, entropy = [], [], [], []
+        ahead = self.embed_words(captions[:, :-1].t()) if feed is None else None  # [T, N, ...]
+        hiddens, logits, alphas, locations = [], [], [], []
         for t in range(captions.shape[1] - 1):
-            words = captions[:, t] if t == 0 or feed is None else feed(captions[:, t], logits[-1])
+            if ahead is not None:
+                inputs = ahead[t]
+            else:  # scheduled sampling: the words depend on the previous step's logits
+                inputs = self.embed_words(captions[:, t] if t == 0
+                                          else feed(captions[:, t], logits[-1]))
             context, alpha, beta = self.attend(state[0], ctx)
             location = torch.multinomial(alpha.detach().float(), 1)  # [N, 1]
             sampled = ctx["feats"].gather(
                 1, location[:, :, None].expand(-1, 1, ctx["feats"].shape[2])).squeeze(1)
-            z = beta * torch.where(expected[:, None], context, sampled)
-            step_logits, state = self.advance(words, state, z)
-            log_alpha = torch.log(alpha.clamp(min=1e-12))
-            logits.append(step_logits)
+            hidden, state = self.advance(inputs, state,
+                                         beta * torch.where(expected[:, None], context, sampled))
+            hiddens.append(hidden)
+            if ahead is None:
+                logits.append(self.readout(hidden))
             alphas.append(alpha)
-            location_logp.append(log_alpha.gather(1, location).squeeze(1))  # log p(s_t)
-            entropy.append(-(alpha * log_alpha).sum(1))  # H[s_t]
-        return DecoderOutput(torch.stack(logits, 1), torch.stack(alphas, 1),
-                             {"location_logp": torch.stack(location_logp, 1),
-                              "entropy": torch.stack(entropy, 1), "sampled": ~expected})
+            locations.append(location)
+        alphas = torch.stack(alphas, 1)  # [N, T, L]
+        log_alpha = torch.log(alphas.clamp(min=1e-12))
+        return DecoderOutput(
+            self.readout(torch.stack(hiddens, 1)) if ahead is not None else torch.stack(logits, 1),
+            alphas, {"location_logp": log_alpha.gather(2, torch.stack(locations, 1)).squeeze(2),
+                     "entropy": -(alphas * log_alpha).sum(2), "sampled": ~expected})
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:

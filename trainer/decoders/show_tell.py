@@ -2,6 +2,9 @@
 
 The mean-pooled feature, embedded like a word, is fed once before ``<bos>``
 (step t = -1); the words follow. Stack-Cap's "LSTM" baseline.
+
+Teacher forcing runs the nn.LSTM over every word of the caption in one call, then the output
+layer on every step at once; decoding steps the same LSTM a word at a time.
 """
 
 from __future__ import annotations
@@ -64,8 +67,24 @@ class ShowTell(Decoder):
         _, (h, c) = self.lstm(self.dropout(ctx["image"])[:, None])  # t = -1: the image
         return h.transpose(0, 1), c.transpose(0, 1)  # [N, layers, H] each
 
-    def step(self, words: Tensor, state: State, ctx: Context):
+    def embed_words(self, words: Tensor) -> Tensor:
+        return self.dropout(self.word_embed(words))
+
+    def step_hidden(self, embedded: Tensor, state: State, ctx: Context):
+        out, state = self.run_lstm(embedded[:, None], state)
+        return out[:, 0], state, None
+
+    def recur(self, inputs: Tensor, state: State, ctx: Context):
+        """nn.LSTM over the whole caption at once (on a CPU it multiplies every step's inputs by
+        the first layer's weights in one product, each layer in turn)."""
+        return self.run_lstm(inputs.transpose(0, 1), state)[0], None
+
+    def run_lstm(self, inputs: Tensor, state: State) -> tuple[Tensor, State]:
+        """inputs [N, T, E], the batch-first state ([N, layers, H] each) -> out [N, T, H], the
+        state after the last step."""
         h, c = (s.transpose(0, 1).contiguous() for s in state)
-        out, (h, c) = self.lstm(self.dropout(self.word_embed(words))[:, None], (h, c))
-        logits = self.out(self.dropout(out[:, 0]))  # [N, V]
-        return logits, (h.transpose(0, 1), c.transpose(0, 1)), None
+        out, (h, c) = self.lstm(inputs, (h, c))
+        return out, (h.transpose(0, 1), c.transpose(0, 1))
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        return self.out(self.dropout(hidden))

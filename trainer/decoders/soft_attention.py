@@ -10,6 +10,11 @@ Per step, with h_{t-1} the previous hidden state:
 
 with c_0 = f_init,c(mean a), h_0 = f_init,h(mean a), and the doubly stochastic
 penalty  lambda * sum_i (1 - sum_t alpha_ti)^2  added to the loss.
+
+Teacher forcing takes the words' products (E y and its share of the LSTM's gates) for every
+step ahead, runs the attention and the LSTM step by step, and the deep output layer's L_h,
+L_z and L_o on every step at once (:meth:`SoftAttention.readout`); only the LSTM's
+product of [z_t, h_{t-1}] stays in the step (trainer/modules/parts_lstm.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from trainer.decoders import DECODERS
 from trainer.decoders.base import Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
 from trainer.modules.dropout import Dropout
+from trainer.modules.parts_lstm import PartsLSTMCell
 from trainer.modules.pooling import masked_mean
 
 
@@ -50,7 +56,7 @@ class SoftAttention(Decoder):
         self.init_c = nn.Sequential(nn.Linear(feature_dim, h), nn.Tanh())  # f_init,c
         self.gate = nn.Linear(h, 1) if config.gate else None  # f_beta
         self.word_embed = nn.Embedding(vocab_size, e)  # E
-        self.lstm = nn.LSTMCell(e + feature_dim, h)
+        self.lstm = PartsLSTMCell({"word": e, "z": feature_dim}, ["z"], h)  # on [E y; z]
         self.out_h = nn.Linear(h, e)  # L_h
         self.out_z = nn.Linear(feature_dim, e)  # L_z
         self.out = nn.Linear(e, vocab_size)  # L_o
@@ -69,17 +75,29 @@ class SoftAttention(Decoder):
         beta = torch.sigmoid(self.gate(h)) if self.gate is not None else h.new_ones(h.shape[0], 1)
         return context, alpha, beta
 
-    def advance(self, words: Tensor, state: State, z: Tensor) -> tuple[Tensor, State]:
-        """The LSTM step and the deep output layer, given the context z [N, D]."""
-        embedded = self.word_embed(words)  # [N, E]
-        h, c = self.lstm(torch.cat([self.dropout(embedded), z], 1), state)
-        logits = self.out(self.dropout(embedded + self.out_h(h) + self.out_z(z)))  # [N, V]
-        return logits, (h, c)
+    def embed_words(self, words: Tensor) -> Tensor:
+        """[...] -> [..., 4h + E]: E y's share of the LSTM's gates (dropout on E y there, with
+        the LSTM's bias), then E y itself, the deep output's first term."""
+        embedded = self.word_embed(words)  # E y_{t-1}
+        return torch.cat([self.lstm.project("word", self.dropout(embedded), with_bias=True),
+                          embedded], -1)
 
-    def step(self, words: Tensor, state: State, ctx: Context):
+    def advance(self, inputs: Tensor, state: State, z: Tensor) -> tuple[Tensor, State]:
+        """The LSTM step given :meth:`embed_words`' inputs and the context z [N, D] -> what the
+        deep output reads, [E y, h_t, z_t] [N, E + H + D], and the state."""
+        word_gates, embedded = inputs.split([4 * self.config.hidden, self.config.embed], -1)
+        h, c = self.lstm([z], word_gates, state)
+        return torch.cat([embedded, h, z], -1), (h, c)
+
+    def step_hidden(self, inputs: Tensor, state: State, ctx: Context):
         context, alpha, beta = self.attend(state[0], ctx)
-        logits, state = self.advance(words, state, beta * context)  # z = beta * sum_i alpha_i a_i
-        return logits, state, alpha
+        hidden, state = self.advance(inputs, state, beta * context)  # z = beta * sum_i alpha_i a_i
+        return hidden, state, alpha
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        """The deep output layer, L_o(E y + L_h h + L_z z), on any leading shape."""
+        embedded, h, z = hidden.split([self.config.embed, self.config.hidden, self.feature_dim], -1)
+        return self.out(self.dropout(embedded + self.out_h(h) + self.out_z(z)))  # [..., V]
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:

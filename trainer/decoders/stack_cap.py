@@ -20,6 +20,9 @@ reaches, through steps < t, the parameters of every stage, not only
 theta_{0:i} as eqs 9-14 write it (the coarse-to-fine reward's eq 14 too).
 This follows eq 2, which defines the model; eqs 9-14 describe which losses are
 summed, and no stop-gradient appears anywhere in the paper.
+Teacher forcing takes the words' products with every LSTM's weights for all steps ahead, and
+f(V)'s with the coarse LSTM's once per image (trainer/modules/parts_lstm.py), runs the
+recurrence alone, then every stage's output layer on all steps at once.
 Decoding follows the stage in ``head`` (the last by default): each stage's own
 caption comes from decoding with that stage as the head. ``stack_cap_star``
 (its own file) is the same without the stacking: each stage attends with
@@ -39,6 +42,7 @@ from trainer.decoders.base import (Context, DecoderConfig, DecoderOutput, LossTe
                                    State, WordFeed)
 from trainer.modules.dropout import Dropout
 from trainer.modules.feature_embed import feature_embedding
+from trainer.modules.parts_lstm import PartsLSTMCell
 from trainer.modules.pooling import masked_mean
 
 
@@ -81,8 +85,10 @@ class StackCap(StagedDecoder):
         e, h, nf = config.embed, config.hidden, config.fine_stages
         self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
         self.word_embed = nn.Embedding(vocab_size, e)
-        self.coarse = nn.LSTMCell(feature_dim + h + e, h)
-        self.fine = nn.ModuleList(nn.LSTMCell(2 * h + e, h) for _ in range(nf))
+        # on [f(V); h^{Nf}_{t-1}; y_{t-1}] and [g^i_t; h^{i-1}_t; y_{t-1}] (eqs 2 and 4)
+        self.coarse = PartsLSTMCell({"mean": feature_dim, "h_last": h, "word": e}, ["h_last"], h)
+        self.fine = nn.ModuleList(PartsLSTMCell({"g": h, "h_below": h, "word": e},
+                                                ["g", "h_below"], h) for _ in range(nf))
         self.attention = nn.ModuleList(FineAttention(feature_dim, h, config.att_hidden)
                                        for _ in range(nf))
         self.outputs = nn.ModuleList(nn.Linear(h, vocab_size) for _ in range(nf + 1))
@@ -96,7 +102,8 @@ class StackCap(StagedDecoder):
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         if self.feature_embed is not None:
             feats = self.feature_embed(feats)
-        ctx = {"mask": mask, "mean": masked_mean(feats, mask)}
+        mean = masked_mean(feats, mask)
+        ctx = {"mask": mask, "mean": mean, "mean_gates": self.coarse.project("mean", mean, True)}
         for i, att in enumerate(self.attention):
             ctx[f"keys{i}"], ctx[f"values{i}"] = att.key(feats), att.value(feats)
         return ctx
@@ -105,44 +112,69 @@ class StackCap(StagedDecoder):
         zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.config.hidden)
         return (zeros,) * (2 * self.stages)  # (h0, c0, h1, c1, ...)
 
-    def stage_step(self, words: Tensor, state: State, ctx: Context):
-        """-> every stage's logits [stages] x [N, V], the next state, every fine alpha."""
+    def embed_words(self, words: Tensor) -> Tensor:
+        """y_{t-1}'s share of every stage's LSTM gates (one dropout mask for all), [...] ->
+        [..., stages * 4h], coarse first; the fine stages' with their biases."""
         y = self.dropout(self.word_embed(words))
+        return torch.cat([self.coarse.project("word", y)]
+                         + [cell.project("word", y, with_bias=True) for cell in self.fine], -1)
+
+    def step_hidden(self, word_gates: Tensor, state: State, ctx: Context):
+        """-> every stage's h [N, stages, H], the next state, every fine alpha [N, Nf, L]."""
+        word_gates = word_gates.chunk(self.stages, -1)
         h_last = state[-2]  # h^{Nf}_{t-1}
-        h, c = self.coarse(torch.cat([ctx["mean"], h_last, y], 1), (state[0], state[1]))
-        new_state, logits, alphas = [h, c], [self.outputs[0](self.dropout(h))], []
+        h, c = self.coarse([h_last], word_gates[0] + ctx["mean_gates"], (state[0], state[1]))
+        new_state, hiddens, alphas = [h, c], [h], []
         previous_h, previous_attended = h, None
         for i, (cell, att) in enumerate(zip(self.fine, self.attention)):
             query = previous_h
             if self.config.stacked and previous_attended is not None:
                 query = previous_h + previous_attended  # eq 8
             g, alpha = att(ctx[f"keys{i}"], ctx[f"values{i}"], ctx["mask"], query)
-            h_i, c_i = cell(torch.cat([g, previous_h, y], 1), (state[2 + 2 * i], state[3 + 2 * i]))
+            h_i, c_i = cell([g, previous_h], word_gates[i + 1],
+                            (state[2 + 2 * i], state[3 + 2 * i]))
             new_state += [h_i, c_i]
-            logits.append(self.outputs[i + 1](self.dropout(h_i)))
+            hiddens.append(h_i)
             alphas.append(alpha)
             previous_h, previous_attended = h_i, g
-        return logits, tuple(new_state), alphas
+        return torch.stack(hiddens, 1), tuple(new_state), torch.stack(alphas, 1)
+
+    def readout(self, hidden: Tensor) -> Tensor:
+        """The head stage's p(y_t): [..., stages, H] -> [..., V]."""
+        return self.outputs[self.head](self.dropout(hidden[..., self.head, :]))
+
+    def stage_logits(self, hidden: Tensor) -> Tensor:
+        """Every stage's p(y_t): [..., stages, H] -> [stages, ..., V]."""
+        return torch.stack([out(self.dropout(h))
+                            for out, h in zip(self.outputs, hidden.unbind(-2))])
 
     def step(self, words: Tensor, state: State, ctx: Context):
-        logits, state, alphas = self.stage_step(words, state, ctx)
-        return logits[self.head], state, alphas[max(self.head - 1, 0)]
+        hidden, state, alphas = self.step_hidden(self.embed_words(words), state, ctx)
+        return self.readout(hidden), state, alphas[:, max(self.head - 1, 0)]
 
     def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
-        state = self.init_state(ctx)
-        per_step = []
-        for t in range(captions.shape[1] - 1):
-            words = captions[:, t]
-            if t > 0 and feed is not None:
-                words = feed(words, per_step[-1][0][self.head])
-            logits, state, alphas = self.stage_step(words, state, ctx)
-            per_step.append((logits, alphas))
-        stage_logits = torch.stack([torch.stack([s[0][i] for s in per_step], 1)
-                                    for i in range(self.stages)])  # [stages, N, T, V]
-        stage_alphas = torch.stack([torch.stack([s[1][i] for s in per_step], 1)
-                                    for i in range(self.config.fine_stages)])  # [Nf, N, T, L]
+        """Every stage's logits and alphas; without a feed, every stage's output layer on all
+        steps at once."""
+        if feed is None:
+            hiddens, alphas = self.recur(self.embed_words(captions[:, :-1].t()),
+                                         self.init_state(ctx), ctx)
+            stage_logits = self.stage_logits(hiddens)  # [stages, N, T, V]
+        else:
+            stage_logits, alphas = self.fed_forward(ctx, captions, feed)
+        stage_alphas = alphas.movedim(2, 0)  # [Nf, N, T, L]
         return DecoderOutput(stage_logits[self.head], stage_alphas[max(self.head - 1, 0)],
                              {"stage_logits": stage_logits, "stage_alphas": stage_alphas})
+
+    def fed_forward(self, ctx: Context, captions: Tensor, feed: WordFeed) -> tuple[Tensor, Tensor]:
+        """Scheduled sampling, a step at a time (the feed reads the head's previous logits) ->
+        stage logits [stages, N, T, V], alphas [N, T, Nf, L]."""
+        state, logits, alphas = self.init_state(ctx), [], []
+        for t in range(captions.shape[1] - 1):
+            words = captions[:, t] if t == 0 else feed(captions[:, t], logits[-1][self.head])
+            hidden, state, alpha = self.step_hidden(self.embed_words(words), state, ctx)
+            logits.append(self.stage_logits(hidden))
+            alphas.append(alpha)
+        return torch.stack(logits, 2), torch.stack(alphas, 1)
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:

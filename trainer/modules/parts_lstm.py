@@ -15,8 +15,6 @@ zero-filled gradient of the whole weight per step.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -42,12 +40,14 @@ class PartsLSTMCell(nn.Module):
         self._register_load_state_dict_pre_hook(self._from_lstm_cell)
 
     def reset_parameters(self) -> None:
-        """nn.LSTMCell's initialisation: every weight and both biases U(-1/sqrt(h), 1/sqrt(h))."""
-        bound = 1 / math.sqrt(self.hidden_size)
-        for weight in [self.step_weight, *self.ahead.values()]:
-            nn.init.uniform_(weight, -bound, bound)
+        """nn.LSTMCell's initialisation, drawn as it draws (weight_ih, weight_hh, bias_ih, bias_hh,
+        each U(-1/sqrt(h), 1/sqrt(h))) and split into the blocks: a decoder that swaps its
+        nn.LSTMCell for this cell starts from the very weights the same seed gave it."""
+        cell = nn.LSTMCell(self.input_size, self.hidden_size, device=self.bias.device,
+                           dtype=self.bias.dtype)
         with torch.no_grad():
-            self.bias.copy_(torch.empty(2, 4 * self.hidden_size).uniform_(-bound, bound).sum(0))
+            for name, block in self._blocks(dict(cell.named_parameters())).items():
+                self.get_parameter(name).copy_(block)
 
     def project(self, name: str, x: Tensor, with_bias: bool = False) -> Tensor:
         """Part ``name``'s share of the gates, [..., size] -> [..., 4h] (plus the bias)."""
@@ -63,15 +63,18 @@ class PartsLSTMCell(nn.Module):
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         return torch.sigmoid(o) * torch.tanh(c), c
 
+    def _blocks(self, lstm: dict[str, Tensor]) -> dict[str, Tensor]:
+        """An nn.LSTMCell's weight_ih, weight_hh, bias_ih, bias_hh -> this cell's parameters."""
+        blocks = dict(zip(self.parts, lstm["weight_ih"].split(list(self.parts.values()), 1)))
+        return {"step_weight": torch.cat([blocks[name] for name in self.step_parts]
+                                         + [lstm["weight_hh"]], 1),
+                **{"ahead." + name: blocks[name] for name in self.ahead},
+                "bias": lstm["bias_ih"] + lstm["bias_hh"]}
+
     def _from_lstm_cell(self, state_dict, prefix, *args) -> None:
         """Weights saved from an ``nn.LSTMCell`` on the concatenated parts, split into blocks."""
         if prefix + "weight_ih" not in state_dict:
             return
-        weight_ih = state_dict.pop(prefix + "weight_ih")
-        blocks = dict(zip(self.parts, weight_ih.split(list(self.parts.values()), 1)))
-        state_dict[prefix + "step_weight"] = torch.cat(
-            [blocks[name] for name in self.step_parts] + [state_dict.pop(prefix + "weight_hh")], 1)
-        for name in self.ahead:
-            state_dict[prefix + "ahead." + name] = blocks[name]
-        state_dict[prefix + "bias"] = (state_dict.pop(prefix + "bias_ih")
-                                       + state_dict.pop(prefix + "bias_hh"))
+        lstm = {name: state_dict.pop(prefix + name)
+                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+        state_dict.update({prefix + name: block for name, block in self._blocks(lstm).items()})

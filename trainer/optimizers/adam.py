@@ -30,4 +30,17 @@ class Adam:
     @staticmethod
     def build(config: AdamConfig, groups, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(groups, lr=lr, betas=tuple(config.betas), eps=config.eps,
-                                weight_decay=config.weight_decay)
+                                weight_decay=config.weight_decay, fused=fusable(groups))
+
+
+FUSED_DEVICES = ("cpu", "cuda")
+
+
+def fusable(groups) -> bool:
+    """Whether torch's fused Adam can step these parameters (float, on the CPU or CUDA): one
+    kernel per tensor instead of several passes over it (``benchmarks/step_profile.py``'s
+    optimiser row). The same update up to float rounding."""
+    params = [p for group in groups for p in (group["params"] if isinstance(group, dict)
+                                              else [group])]
+    return bool(params) and all(p.device.type in FUSED_DEVICES and p.is_floating_point()
+                                for p in params)

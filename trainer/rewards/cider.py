@@ -121,15 +121,15 @@ class CiderD:
         ref_start = np.array(ref_start, np.int64)
         ref_image = np.repeat(np.arange(len(image_ids)), np.diff(ref_start))
         ngrams, ngram_index = np.unique(keys, return_inverse=True)
-        image_ngram = np.unique(ref_image[ref_rows] * len(ngrams) + ngram_index)
-        df = np.bincount(image_ngram % len(ngrams), minlength=len(ngrams)).astype(np.float64)
+        pairs = ref_image[ref_rows] * len(ngrams) + ngram_index  # (image, n-gram) of each count
+        image_ngrams = sorted_unique(pairs)
+        df = np.bincount(image_ngrams % len(ngrams), minlength=len(ngrams)).astype(np.float64)
         log_n = float(np.log(len(image_ids)))
         weights = tf * (log_n - np.log(np.maximum(1.0, df[ngram_index])))
         order = (keys % MAX_N).astype(np.int64)
         norms = np.sqrt(np.bincount(ref_rows * MAX_N + order, weights=weights ** 2,
                                     minlength=len(ref_tokens) * MAX_N)).reshape(-1, MAX_N)
-        image_ngrams = np.unique(ref_image[ref_rows] * len(ngrams) + ngram_index)
-        slot = np.searchsorted(image_ngrams, ref_image[ref_rows] * len(ngrams) + ngram_index)
+        slot = np.searchsorted(image_ngrams, pairs)
         per_image = np.diff(ref_start)
         table = np.zeros((len(image_ngrams), per_image.max()), np.float64)
         table[slot, ref_rows - ref_start[ref_image[ref_rows]]] = weights
@@ -212,6 +212,16 @@ class CiderD:
             raise CapstackError(f"{path}: not a CIDEr-D cache ({error})") from None
         return cls(header["words"], header["vocab_size"], header["base"], header["log_n"],
                    **arrays)
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` by sorting. numpy 2.3+ finds unique values of an array without
+    ``return_*`` through a hash set, superlinear on millions of distinct int64s (numpy issue
+    31969: 1.9 s for 2M values, 9.6 s for 8M, where sorting takes 0.02 s and 0.1 s)."""
+    values = np.sort(values, axis=None)
+    keep = np.ones(values.shape, bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
 
 
 def _padded(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

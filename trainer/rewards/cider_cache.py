@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.captions.prepared import load_captions
+from pipeline.core.bulk import gc_paused
 from trainer.rewards.base import tokenized_references
 from trainer.rewards.cider import CiderD
 
@@ -17,6 +18,8 @@ from trainer.rewards.cider import CiderD
 def build_cache(prepared: str | Path, split: str, out: str | Path) -> CiderD:
     """The cached CIDEr-D references of a prepared dataset's split, saved to ``out``."""
     captions = load_captions(prepared)
-    scorer = CiderD.from_references(tokenized_references(captions, split), captions.vocab.itow)
+    with gc_paused():  # a list per reference: ~567,000 in COCO's train split (bulk.py)
+        scorer = CiderD.from_references(tokenized_references(captions, split),
+                                        captions.vocab.itow)
     scorer.save(out)
     return scorer

@@ -59,15 +59,20 @@ class StoreWriter(ABC):
               skipped: Iterable[tuple[int, str]] = (), progress: dict | None = None) -> None:
         """Commit a batch of records, skipped images and the progress note at once
         (an image already written, or twice in the batch, is written once)."""
-        seen = set(self.done)
-        checked, fresh_skips = [], []
+        fresh: set[int] = set()  # not a copy of self.done: that grew the cost of a commit
+        checked, fresh_skips = [], []  # with the store (123k images: 7,700 commits of 16)
+
+        def first_time(image_id: int) -> bool:
+            if image_id in self.done or image_id in fresh:
+                return False
+            fresh.add(image_id)
+            return True
+
         for i, r in records:
-            if int(i) not in seen:
-                seen.add(int(i))
+            if first_time(int(i)):
                 checked.append((int(i), check_record(self.schema, int(i), r, str(self.path))))
         for i, reason in skipped:
-            if int(i) not in seen:
-                seen.add(int(i))
+            if first_time(int(i)):
                 fresh_skips.append((int(i), str(reason)))
         if not checked and not fresh_skips and progress is None:
             return

@@ -201,9 +201,14 @@ class LmdbReader(StoreReader):
     def row_bytes(self) -> int:
         return row_bytes(self.schema)
 
+    @cached_property
+    def real_path(self) -> str:
+        """The environment's key in this process (realpath: a few lstat calls, once)."""
+        return os.path.realpath(self.path)
+
     def _open(self) -> lmdb.Environment:
         try:
-            return shared_env(self.path)
+            return _ENVS.get(self.real_path)
         except lmdb.Error as e:
             raise CapstackError(f"{self.path}: cannot open LMDB store ({e})") from None
 
@@ -264,4 +269,4 @@ class LmdbReader(StoreReader):
             return Batch(features, mask, hw, extra)
 
     def close(self) -> None:
-        _ENVS.release(os.path.realpath(self.path))
+        _ENVS.release(self.real_path)
