@@ -33,7 +33,8 @@ part cuda_tests "${PART_CUDA_TESTS:-120}" python3 -m pytest -q -m cuda -p no:cac
 # 2. training throughput at COCO size: top_down hidden 1000 on 36x2048 regions, stack_cap on a
 #    14x14x2048 grid; XE and SCST, bfloat16 on and off; store reads; the GPU's busy share
 part training "${PART_TRAINING:-120}" python3 benchmarks/training.py --device cuda --hidden 1000 \
-  --scst --setups top_down:36:50,stack_cap:196:50 --steps 10 --beam-images 1000 --beam-single 50
+  --scst --setups top_down:36:50,stack_cap:196:50 --steps "${TRAINING_STEPS:-10}" --beam-images 1000 \
+  --beam-single 50
 # 3. and 4. against the peer on the same GPU: UpDown XE and SCST steps, beam K=5 on 5,000 images
 if [ -n "$PEER" ]; then
   part peer "${PART_PEER:-150}" python3 benchmarks/peer_steps.py --peer "$PEER" --device cuda \
