@@ -59,7 +59,7 @@ def test_layer3_pools_the_stride_16_map(shapes, tmp_path):
     from pipeline.vision.images import grid_transform, load_rgb
 
     settings = GridSettings("resnet18", "random", 64, grid=2, dtype="float32", layer="layer3")
-    store = open_store(extract(shapes, tmp_path, settings).store)
+    store = open_store(extract(shapes, tmp_path, settings, device="cpu").store)  # float32 as below
     producer = store.meta["producer"]
     assert (producer["settings"]["layer"], producer["settings"]["layer_map"]) == ("layer3", 4)
     assert store.meta["fields"]["features"]["shape"] == ["N", 256]  # resnet18's layer3

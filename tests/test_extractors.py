@@ -296,7 +296,8 @@ def test_older_stores_rebuild_from_their_recorded_settings(kind, inputs, capstac
                           "--min-size", 64, "--max-size", 64]}[kind]
     pointer = tmp_path / "store.json"
     capstack(argv[0], inputs["dataset"], inputs["root"], *argv[1:], "--features-root",
-             tmp_path / "features", "--workers", 0, "--pointer", pointer)
+             tmp_path / "features", "--workers", 0, "--pointer", pointer,
+             "--device", "cpu")  # rebuilt on the CPU below: no GPU float16 autocast between
     store = open_store(pointer)  # a pointer opens the store it names
     meta = json.loads(json.dumps(store.meta))
     for key in ADDED_SINCE[kind]:
