@@ -20,7 +20,6 @@ from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.data import Features
 from trainer.decode import beam_search, sample
-from trainer.decoders.base import expand_context
 from trainer.evaluation.evaluate import load_model
 from trainer.objectives.scst import generated_mask, scst_loss
 from trainer.precision import Precision
@@ -89,7 +88,7 @@ def test_a_bfloat16_scst_loss_matches_float32_on_the_same_samples():
     inputs = torch.cat([torch.ones_like(tokens[:, :1]), tokens[:, :-1]], 1)
 
     def loss():
-        logits = model(expand_context(model.encode(feats, mask), 3), torch.cat(
+        logits = model(model.encode(feats, mask), torch.cat(
             [inputs, tokens[:, -1:]], 1)).logits
         logprobs = torch.log_softmax(logits.float(), -1).gather(2, tokens[:, :, None]).squeeze(2)
         return scst_loss(logprobs, generated_mask(tokens), advantage)

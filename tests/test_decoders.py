@@ -14,9 +14,9 @@ from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.data import caption_tensor
-from trainer.decode import beam_search, greedy, sample
+from trainer.decode import _ending_at, beam_search, greedy, picked_logprobs, sample
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Decoder, DecoderOutput
+from trainer.decoders.base import Decoder, DecoderOutput, per_row
 from trainer.modules.dropout import Dropout
 from trainer.modules.parts_lstm import PartsLSTMCell
 from trainer_fixtures import (decoder_terms, make_decoder, make_prepared, mean_xe, teacher_forced,
@@ -127,7 +127,7 @@ def test_teacher_forcing_gives_the_logits_of_the_step_by_step_decoder(handful, n
     with torch.no_grad():
         forced = teacher_forced(model, feats, mask, captions)
         ctx = model.encode(feats, mask)
-        state, stepped = model.init_state(ctx), []
+        state, stepped = model.init_state(ctx, captions.shape[0]), []
         for t in range(captions.shape[1] - 1):
             logits, state, _ = model.step(captions[:, t], state, ctx)
             stepped.append(logits)
@@ -179,8 +179,8 @@ class TableDecoder(Decoder):
     def encode(self, feats, mask):
         return {"image": feats[:, 0, 0].long()}
 
-    def init_state(self, ctx):
-        return (ctx["image"],)
+    def init_state(self, ctx, rows):
+        return (per_row(ctx["image"], rows),)
 
     def step(self, words, state, ctx):
         return self.table[state[0], words], state, None
@@ -483,8 +483,8 @@ class _FixedDistribution(Decoder):
         super().__init__(None, len(probs), 1)
         self.logits = torch.log(probs)
 
-    def init_state(self, ctx):
-        return (ctx["x"],)
+    def init_state(self, ctx, rows):
+        return (per_row(ctx["x"], rows),)
 
     def step(self, words, state, ctx):
         return self.logits.expand(words.shape[0], -1), state, None
@@ -514,3 +514,24 @@ def test_stack_caps_coarse_loss_reaches_the_fine_stages_through_eq_2(handful):
     assert model.fine[-1].step_weight.grad.abs().sum() > 0
     untouched = model.outputs[-1].weight.grad
     assert untouched is None or untouched.abs().sum() == 0
+
+
+@pytest.mark.parametrize("t", [3, 5])
+def test_picked_logprobs_have_the_gradient_of_log_softmax_then_gather(t):
+    """Sampling's log p(w) takes its gradient, onehot(w) - softmax(logits), in its own
+    backward: equal to autograd's through log_softmax and gather, at the last step too, where
+    only <eos> may follow but its log-probability is the model's unmasked one."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11, dtype=torch.float64, requires_grad=True)
+    words = torch.full((6,), EOS_ID) if t == 5 else torch.randint(0, 11, (6,))
+    done = torch.tensor([False] * 5 + [True])
+    weights = torch.randn(6, dtype=torch.float64)
+    expected = _ending_at(t, 5, torch.log_softmax(logits, 1)).gather(1, words[:, None])[:, 0]
+    expected = expected.masked_fill(done, 0)
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), logits)
+    with torch.no_grad():
+        full = torch.log_softmax(logits, 1)
+    got = picked_logprobs(logits, full, words).masked_fill(done, 0)
+    (got_grad,) = torch.autograd.grad((got * weights).sum(), logits)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grad, expected_grad)

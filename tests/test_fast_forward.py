@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from pipeline.captions.vocab import BOS_ID
 from trainer.decoders import DECODERS
-from trainer.decoders.base import StagedDecoder, expand_context
+from trainer.decoders.base import StagedDecoder
 from trainer.modules.dropout import Dropout
 from trainer.modules.gru import GRUCell
 from trainer.modules.parts_lstm import PartsLSTMCell
@@ -49,7 +49,7 @@ def build(name: str, settings: dict, seed: int = 0):
 
 
 def context(model, feats, mask):
-    return expand_context(model.encode(feats, mask), PER_IMAGE)
+    return model.encode(feats, mask)  # per image; the captions come PER_IMAGE each
 
 
 def forced(model, feats, mask, captions) -> dict[str, Tensor]:
@@ -71,7 +71,7 @@ def forced(model, feats, mask, captions) -> dict[str, Tensor]:
 def step_by_step(model, ctx, captions) -> dict[str, Tensor]:
     """``step`` over the caption's words: logits [N, T, V], alphas, and HACap's goal of each
     step (the newest in its state)."""
-    state, per_step = model.init_state(ctx), []
+    state, per_step = model.init_state(ctx, captions.shape[0]), []
     for t in range(captions.shape[1] - 1):
         logits, state, alpha = model.step(captions[:, t], state, ctx)
         step = {"logits": logits}

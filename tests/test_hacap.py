@@ -75,7 +75,7 @@ def test_teacher_forced_logits_equal_the_step_by_step_ones(goal_space):
     captions = caption_rows()
     ctx = model.encode(feats, mask)
     out = model(ctx, captions)
-    state, logits = model.init_state(ctx), []
+    state, logits = model.init_state(ctx, captions.shape[0]), []
     for t in range(captions.shape[1] - 1):
         step_logits, state, _ = model.step(captions[:, t], state, ctx)
         logits.append(step_logits)
@@ -119,7 +119,7 @@ def test_the_discriminator_reads_text_only_and_scores_in_0_1():
     for seed in (2, 3):  # other images, the same words: the same leaked features
         feats, mask = images(seed=seed)
         ctx = model.encode(feats, mask)
-        state = model.init_state(ctx)
+        state = model.init_state(ctx, captions.shape[0])
         _, state, _ = model.step(captions[:, 0], state, ctx)
         features.append(state[3])
     assert torch.equal(features[0], features[1])

@@ -55,5 +55,5 @@ def test_gru_init_takes_either_cell():
     torch_cell = build_decoder("gru_init", GRUInitConfig(embed=8, hidden=6), 20, 5)
     assert isinstance(report.gru, ReportGRUCell) and isinstance(torch_cell.gru, torch.nn.GRUCell)
     ctx = report.encode(torch.randn(3, 4, 5), torch.ones(3, 4, dtype=torch.bool))
-    logits, (h,), _ = report.step(torch.tensor([1, 2, 3]), report.init_state(ctx), ctx)
+    logits, (h,), _ = report.step(torch.tensor([1, 2, 3]), report.init_state(ctx, 3), ctx)
     assert logits.shape == (3, 20) and h.shape == (3, 6)

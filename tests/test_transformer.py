@@ -53,7 +53,7 @@ def test_one_teacher_forced_pass_gives_the_logits_of_the_cached_steps(few, norm_
     with torch.no_grad():
         forced = teacher_forced(model, feats, mask, captions)
         ctx = model.encode(feats, mask)
-        state, stepped, alphas = model.init_state(ctx), [], []
+        state, stepped, alphas = model.init_state(ctx, captions.shape[0]), [], []
         for t in range(captions.shape[1] - 1):
             logits, state, alpha = model.step(captions[:, t], state, ctx)
             stepped.append(logits)

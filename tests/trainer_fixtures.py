@@ -144,10 +144,10 @@ def make_decoder(name: str, values: dict, vocab_size: int, feature_dim: int):
 
 
 def teacher_forced(model, feats, mask, captions, seq_per_img: int = 1):
-    """The decoder's teacher-forced output over captions [B*S, T+1] of images feats [B, L, D]."""
-    from trainer.decoders.base import expand_context
-
-    return model(expand_context(model.encode(feats, mask), seq_per_img), captions)
+    """The decoder's teacher-forced output over captions [B*S, T+1] of images feats [B, L, D]
+    (``seq_per_img`` = S, the captions of an image adjacent)."""
+    assert captions.shape[0] == feats.shape[0] * seq_per_img
+    return model(model.encode(feats, mask), captions)
 
 
 def mean_xe(logits, targets):

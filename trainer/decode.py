@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from pipeline.core.tokens import BOS_ID, EOS_ID, PAD_ID
-from trainer.decoders.base import Context, Decoder, expand_context, select
+from trainer.decoders.base import Context, Decoder, images_of, select
 
 
 @dataclass
@@ -54,15 +54,16 @@ class SamplingNoise:
 
 
 def greedy(decoder: Decoder, ctx: Context, max_len: int) -> Decoded:
-    return _step_by_step(decoder, ctx, max_len, lambda logp, t: logp.argmax(1))
+    return _step_by_step(decoder, ctx, images_of(ctx), max_len, lambda logp, t: logp.argmax(1))
 
 
 def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.0,
            n: int = 1, noise: SamplingNoise | None = None, prefix: Tensor | None = None) -> Decoded:
     """``n`` sampled captions per image ([B*n, T], an image's samples adjacent).
 
-    With ``prefix`` [B, P] (word ids, no ``<bos>``), the first P words of each
-    row are the prefix's and the rest is sampled: Monte-Carlo rollouts.
+    With ``prefix`` [B*m, P] (word ids, no ``<bos>``; m rows of each image, adjacent),
+    the first P words of each of its rows are the prefix's and the rest is sampled,
+    n times for each: Monte-Carlo rollouts, [B*m*n, T].
 
     The log-probabilities keep their graph when called with gradients enabled
     (REINFORCE needs them); they are those of the model, not of the tempered
@@ -70,14 +71,14 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
     distribution at the row's uniform draw (reproducible across processes);
     without, by ``torch.multinomial`` from the global generator.
     """
-    ctx = expand_context(ctx, n) if n > 1 else ctx
-
     forced = prefix.repeat_interleave(n, 0) if prefix is not None and n > 1 else prefix
+    rows = forced.shape[0] if forced is not None else images_of(ctx) * n
 
     def pick(logp: Tensor, t: int) -> Tensor:
         if forced is not None and t < forced.shape[1]:
             return forced[:, t]
-        probs = torch.softmax(logp.detach().float() / temperature, 1)
+        # logp is normalised already: at temperature 1 its exp is the distribution
+        probs = logp.exp() if temperature == 1 else torch.softmax(logp / temperature, 1)
         if noise is None:
             return torch.multinomial(probs, 1).squeeze(1)
         u = torch.as_tensor(noise(t, probs.shape[0]), dtype=torch.float32, device=probs.device)
@@ -85,21 +86,23 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
         picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
         return picked.clamp(max=probs.shape[1] - 1)
 
-    return _step_by_step(decoder, ctx, max_len, pick)
+    return _step_by_step(decoder, ctx, rows, max_len, pick)
 
 
-def _step_by_step(decoder: Decoder, ctx: Context, max_len: int, pick) -> Decoded:
-    n = next(iter(ctx.values())).shape[0]
-    state = decoder.init_state(ctx)
+def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) -> Decoded:
+    """``n`` rows of the context's images (n / B each) decoded word by word."""
+    state = decoder.init_state(ctx, n)
     words = torch.full((n,), BOS_ID, dtype=torch.long, device=state[0].device)
     done = torch.zeros(n, dtype=torch.bool, device=words.device)
     tokens, logprobs, alphas = [], [], []
     for t in range(max_len + 1):  # max_len words, then room for <eos>
         logits, state, alpha = decoder.step(words, state, ctx)
-        logp = _ending_at(t, max_len, torch.log_softmax(logits.float(), 1))  # [N, V]
+        with torch.no_grad():
+            full = torch.log_softmax(logits.float(), 1)  # [N, V]
+        logp = _ending_at(t, max_len, full)
         words = pick(logp, t).masked_fill(done, PAD_ID)
         tokens.append(words)
-        logprobs.append(logp.gather(1, words[:, None]).squeeze(1).masked_fill(done, 0.0))
+        logprobs.append(picked_logprobs(logits, full, words).masked_fill(done, 0.0))
         alphas.append(alpha)
         done = done | (words == EOS_ID)
         if done.all():
@@ -116,12 +119,12 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
     with ``<pad>`` at no cost), so finished and unfinished captions compete on
     total log-probability, as the papers' beam search does (and K = 1 is greedy
     decoding). An image is settled when its best hypothesis has finished (the
-    others can only fall); once half the batch is settled, those rows leave it,
-    so the batch shrinks as captions end without copying the context every step.
+    others can only fall); once half the batch is settled, those images leave it
+    (their rows of the state, their context), so the batch shrinks as captions end
+    without copying the state every step.
     """
-    k, b = beam_size, next(iter(ctx.values())).shape[0]
-    ctx = expand_context(ctx, k)  # [B*K, ...]
-    state = decoder.init_state(ctx)
+    k, b = beam_size, images_of(ctx)
+    state = decoder.init_state(ctx, b * k)
     device = state[0].device
     images = torch.arange(b, device=device)  # the images in the batch, K rows each
     open_ = torch.ones(b, dtype=torch.bool, device=device)  # not settled yet
@@ -154,9 +157,36 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
             keep = (kept[:, None] * k + torch.arange(k, device=device)).reshape(-1)
             images, scores, open_ = images[kept], scores[kept], open_[kept]
             words, done = words[keep], done[keep]
-            state, ctx = select(state, keep), select(ctx, keep)
+            state, ctx = select(state, keep), select(ctx, kept)
             history.keep(keep)
     return _stack(settled)
+
+
+class _PickedLogProbs(torch.autograd.Function):
+    """log p(w) of each row's picked word, read from the rows' log-softmax, with the gradient
+    of log_softmax(logits)[w], onehot(w) - softmax(logits), made in two passes over [N, V]
+    (autograd's gather and log-softmax backward make a zero-filled [N, V] and three more)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, logp: Tensor, words: Tensor) -> Tensor:
+        ctx.save_for_backward(logp, words)
+        ctx.dtype = logits.dtype
+        return logp.gather(1, words[:, None]).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logp, words = ctx.saved_tensors
+        grad_logits = logp.exp().mul_(-grad[:, None])
+        grad_logits.scatter_add_(1, words[:, None], grad[:, None].to(grad_logits.dtype))
+        return grad_logits.to(ctx.dtype), None, None
+
+
+def picked_logprobs(logits: Tensor, logp: Tensor, words: Tensor) -> Tensor:
+    """log p(w) [N] of words [N] from logp = log_softmax(logits) [N, V] (taken without a graph),
+    differentiable in the logits when they have a graph (sampling for REINFORCE)."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _PickedLogProbs.apply(logits, logp, words)
+    return logp.gather(1, words[:, None]).squeeze(1)
 
 
 def _ending_at(t: int, max_len: int, logp: Tensor) -> Tensor:

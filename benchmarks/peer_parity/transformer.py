@@ -124,7 +124,7 @@ def our_log_probs(model, feats, mask, words):
     ctx = model.encode(feats, mask)
     captions = torch.cat([words, words[:, :1]], 1)  # forward reads captions[:, :-1]
     forced = F.log_softmax(model(ctx, captions).logits, -1)
-    state, steps = model.init_state(ctx), []
+    state, steps = model.init_state(ctx, words.shape[0]), []
     for t in range(words.shape[1]):
         logits, state, _ = model.step(words[:, t], state, ctx)
         steps.append(F.log_softmax(logits, -1))

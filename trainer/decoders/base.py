@@ -1,10 +1,14 @@
 """What every decoder is: ``encode`` once per image, ``init_state``, then ``step`` per word.
 
 Teacher forcing (:meth:`Decoder.forward`), greedy decoding, sampling and beam
-search (``trainer/decode.py``) all drive the same ``step``. A context is a dict
-and a state a tuple of tensors whose first dimension is the caption (or beam):
-so expanding an image to its captions or to K beams, and reordering beams, is
-the same ``index_select`` for every decoder.
+search (``trainer/decode.py``) all drive the same ``step``. A context is a dict of
+tensors whose first dimension is the image, [B, ...]; a state is a tuple of tensors
+whose first dimension is the row a decoder steps (a caption, a sample, a beam), and
+an image's rows are adjacent, k of them each: row r is image r // k's (``per_row``,
+``by_image``). So an image's regions are never copied for its captions or beams (an
+attention step reads them once per image, its gradients summed per image and not per
+caption), and reordering beams, which stay with their image, is the same
+``index_select`` of the state for every decoder.
 
 A decoder knows no training loop: tensors in, logits and attention out, and its
 own loss terms (:meth:`Decoder.loss_terms`) as *sums* that the objective divides
@@ -80,9 +84,20 @@ class LossTerms:
     observed: dict[str, Tensor] = field(default_factory=dict)
 
 
-def expand_context(ctx: Context, n: int) -> Context:
-    """Each image's context repeated for its n captions (or beams): [B, ...] -> [B*n, ...]."""
-    return {k: v.repeat_interleave(n, dim=0) for k, v in ctx.items()}
+def images_of(ctx: Context) -> int:
+    """How many images a context holds (its tensors' first dimension)."""
+    return next(iter(ctx.values())).shape[0]
+
+
+def per_row(per_image: Tensor, rows: int) -> Tensor:
+    """An image's tensor for each of its rows: [B, ...] -> [rows, ...], rows = B * k."""
+    k = rows // per_image.shape[0]
+    return per_image if k == 1 else per_image.repeat_interleave(k, 0)
+
+
+def by_image(rows: Tensor, images: int) -> Tensor:
+    """Rows grouped by their image: [B * k, ...] -> [B, k, ...] (a view)."""
+    return rows.view(images, rows.shape[0] // images, *rows.shape[1:])
 
 
 def stack_steps(per_step: list[Tensor | None]) -> Tensor | None:
@@ -127,11 +142,13 @@ class Decoder(nn.Module):
         """Per image, what every step reads: feats [B, L, D], mask [B, L] bool."""
         raise NotImplementedError
 
-    def init_state(self, ctx: Context) -> State:
+    def init_state(self, ctx: Context, rows: int) -> State:
+        """The state before the first word of ``rows`` rows, k = rows / B of each image."""
         raise NotImplementedError
 
     def step(self, words: Tensor, state: State, ctx: Context) -> tuple[Tensor, State, Tensor | None]:
-        """words [N] -> logits [N, V], the next state, attention [N, L] (or None).
+        """words [N] -> logits [N, V], the next state, attention [N, L] (or None); N rows of the
+        context's B images, N / B each.
 
         A decoder whose logits are a readout of what the step computed implements
         :meth:`step_hidden` and :meth:`readout` instead (and :meth:`embed_words` where a
@@ -163,7 +180,7 @@ class Decoder(nn.Module):
     def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
         """Teacher forcing over captions [N, T+1] (<bos> first): logits for positions 1..T.
 
-        ``ctx`` holds one row per caption (:func:`expand_context`). ``feed``, when
+        ``ctx`` holds the images, ``captions`` k rows of each (adjacent). ``feed``, when
         given, picks each step's input words after the first from the caption's
         and the previous step's logits (scheduled sampling). Without a feed, a
         decoder that splits its step embeds every step's words at once, runs the
@@ -173,7 +190,7 @@ class Decoder(nn.Module):
         """
         if feed is None and self.reads_out_once:
             return self._forward_read_out_once(ctx, captions)
-        state = self.init_state(ctx)
+        state = self.init_state(ctx, captions.shape[0])
         logits, alphas = [], []
         for t in range(captions.shape[1] - 1):
             words = captions[:, t] if t == 0 or feed is None else feed(captions[:, t], logits[-1])
@@ -183,8 +200,8 @@ class Decoder(nn.Module):
         return DecoderOutput(torch.stack(logits, 1), stack_steps(alphas))
 
     def _forward_read_out_once(self, ctx: Context, captions: Tensor) -> DecoderOutput:
-        hiddens, alphas = self.recur(self.embed_words(captions[:, :-1].t()), self.init_state(ctx),
-                                     ctx)
+        hiddens, alphas = self.recur(self.embed_words(captions[:, :-1].t()),
+                                     self.init_state(ctx, captions.shape[0]), ctx)
         return DecoderOutput(self.readout(hiddens), alphas)
 
     def recur(self, inputs: Tensor, state: State, ctx: Context) -> tuple[Tensor, Tensor | None]:

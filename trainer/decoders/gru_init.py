@@ -18,7 +18,7 @@ from typing import Literal
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderConfig, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, State, per_row
 from trainer.modules.dropout import Dropout
 from trainer.modules.gru import GRUCell
 from trainer.modules.pooling import masked_mean
@@ -52,8 +52,8 @@ class GRUInit(Decoder):
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         return {"h0": self.init_proj(masked_mean(feats, mask))}  # [B, H]
 
-    def init_state(self, ctx: Context) -> State:
-        return (ctx["h0"],)
+    def init_state(self, ctx: Context, rows: int) -> State:
+        return (per_row(ctx["h0"], rows),)
 
     def embed_words(self, words: Tensor) -> Tensor:
         """The words' share of the GRU's gates, [...] -> [..., 3H]."""

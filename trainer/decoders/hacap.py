@@ -50,7 +50,7 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.tokens import BOS_ID, EOS_ID
 from trainer.decoders import DECODERS
 from trainer.decoders.base import (Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State,
-                                   WordFeed)
+                                   WordFeed, per_row)
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
 from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
@@ -147,11 +147,10 @@ class HACap(Decoder):
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
                 "mean": masked_mean(feats, mask)}
 
-    def init_state(self, ctx: Context) -> State:
+    def init_state(self, ctx: Context, rows: int) -> State:
         """(WORKER c, WORKER h, MANAGER c, D c, the last c goals, first-step flag), all zero
         but the flag, batch-first."""
-        mean, c = ctx["mean"], self.config
-        n = mean.shape[0]
+        mean, c, n = ctx["mean"], self.config, rows
         return (mean.new_zeros(n, c.worker), mean.new_zeros(n, c.worker),
                 self.manager.initial(mean, n), self.discriminator.initial(mean, n),
                 mean.new_zeros(n, c.horizon, self.to_goal.out_features), mean.new_ones(n, 1))
@@ -181,8 +180,10 @@ class HACap(Decoder):
         query = query.detach()  # no gradient from attention back to the language model
         context, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], query)
         z = torch.sigmoid(self.gate(query)) * context
-        uniform = ctx["mask"].to(alpha.dtype) / ctx["mask"].sum(1, keepdim=True).clamp(min=1)
-        return torch.where(first > 0, ctx["mean"], z), torch.where(first > 0, uniform, alpha)
+        mask, rows = ctx["mask"], query.shape[0]
+        uniform = per_row(mask.to(alpha.dtype) / mask.sum(1, keepdim=True).clamp(min=1), rows)
+        return (torch.where(first > 0, per_row(ctx["mean"], rows), z),
+                torch.where(first > 0, uniform, alpha))
 
     def embed(self, words: Tensor) -> Tensor:
         """E y, dropped out as the WORKER reads it: [...] -> [..., E]."""
@@ -230,7 +231,7 @@ class HACap(Decoder):
         with torch.no_grad():
             features = self.discriminator.features(captions)  # [N, T+1, F]
         goals, _ = self.goal(features[:, :-1])
-        state = self.init_state(ctx)
+        state = self.init_state(ctx, captions.shape[0])
         worker_c, worker_h, first = state[0], state[1], state[5]
         hiddens, alphas = [], []
         for t, embedded in enumerate(self.embed(captions[:, :-1].t()).unbind(0)):

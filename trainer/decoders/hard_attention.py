@@ -56,8 +56,9 @@ class HardAttention(SoftAttention):
     def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
         if not self.training:
             return super().forward(ctx, captions, feed)
-        state = self.init_state(ctx)
         n = captions.shape[0]
+        state = self.init_state(ctx, n)
+        image = torch.arange(n, device=captions.device) // (n // ctx["feats"].shape[0])
         expected = torch.rand(n, device=captions.device) < self.config.expectation  # [N]
         ahead = self.embed_words(captions[:, :-1].t()) if feed is None else None  # [T, N, ...]
         hiddens, logits, alphas, locations = [], [], [], []
@@ -69,8 +70,7 @@ class HardAttention(SoftAttention):
                                           else feed(captions[:, t], logits[-1]))
             context, alpha, beta = self.attend(state[0], ctx)
             location = torch.multinomial(alpha.detach().float(), 1)  # [N, 1]
-            sampled = ctx["feats"].gather(
-                1, location[:, :, None].expand(-1, 1, ctx["feats"].shape[2])).squeeze(1)
+            sampled = ctx["feats"][image, location[:, 0]]  # a_{s_t}, [N, D]
             hidden, state = self.advance(inputs, state,
                                          beta * torch.where(expected[:, None], context, sampled))
             hiddens.append(hidden)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderConfig, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, State, per_row
 from trainer.modules.dropout import Dropout
 from trainer.modules.pooling import masked_mean
 
@@ -63,8 +63,9 @@ class ShowTell(Decoder):
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
         return {"image": self.image_embed(masked_mean(feats, mask))}  # [B, E]
 
-    def init_state(self, ctx: Context) -> State:
-        _, (h, c) = self.lstm(self.dropout(ctx["image"])[:, None])  # t = -1: the image
+    def init_state(self, ctx: Context, rows: int) -> State:
+        image = self.dropout(per_row(ctx["image"], rows))  # a dropout mask per row
+        _, (h, c) = self.lstm(image[:, None])  # t = -1: the image
         return h.transpose(0, 1), c.transpose(0, 1)  # [N, layers, H] each
 
     def embed_words(self, words: Tensor) -> Tensor:

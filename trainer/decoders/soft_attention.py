@@ -25,7 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State
+from trainer.decoders.base import (Context, Decoder, DecoderConfig, DecoderOutput, LossTerms, State,
+                                   per_row)
 from trainer.modules.attention import AdditiveAttention, doubly_stochastic_penalty
 from trainer.modules.dropout import Dropout
 from trainer.modules.parts_lstm import PartsLSTMCell
@@ -66,8 +67,8 @@ class SoftAttention(Decoder):
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
                 "mean": masked_mean(feats, mask)}
 
-    def init_state(self, ctx: Context) -> State:
-        return self.init_h(ctx["mean"]), self.init_c(ctx["mean"])
+    def init_state(self, ctx: Context, rows: int) -> State:
+        return per_row(self.init_h(ctx["mean"]), rows), per_row(self.init_c(ctx["mean"]), rows)
 
     def attend(self, h: Tensor, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
         """-> the expected context [N, D], alpha [N, L] and the gate beta [N, 1] (1 without)."""

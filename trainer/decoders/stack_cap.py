@@ -39,7 +39,8 @@ from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
 from trainer.decoders.base import (Context, DecoderConfig, DecoderOutput, LossTerms, StagedDecoder,
-                                   State, WordFeed)
+                                   State, WordFeed, per_row)
+from trainer.modules.attention import attend, grouped_queries
 from trainer.modules.dropout import Dropout
 from trainer.modules.feature_embed import feature_embedding
 from trainer.modules.parts_lstm import PartsLSTMCell
@@ -68,10 +69,11 @@ class FineAttention(nn.Module):
         self.value = nn.Linear(feature_dim, hidden)  # W_va, b_va in eqs 5 and 8
 
     def forward(self, keys: Tensor, values: Tensor, mask: Tensor, query: Tensor):
-        """keys [N, L, A], values [N, L, H], query [N, H] -> g [N, H], alpha [N, L]."""
-        scores = self.score(torch.tanh(keys + self.query(query)[:, None])).squeeze(2)
-        alpha = torch.softmax(scores.masked_fill(~mask, float("-inf")), 1)
-        return torch.bmm(alpha[:, None], values).squeeze(1), alpha
+        """keys [B, L, A], values [B, L, H], mask [B, L], the rows' query [N, H] (N = B * k,
+        modules/attention.py) -> g [N, H], alpha [N, L]."""
+        queries = grouped_queries(self.query(query), keys.shape[0])  # [B, k, 1, A]
+        scores = self.score(torch.tanh_(keys[:, None] + queries)).squeeze(-1)  # [B, k, L]
+        return attend(scores, values, mask)
 
 
 @DECODERS.register("stack_cap")
@@ -108,8 +110,8 @@ class StackCap(StagedDecoder):
             ctx[f"keys{i}"], ctx[f"values{i}"] = att.key(feats), att.value(feats)
         return ctx
 
-    def init_state(self, ctx: Context) -> State:
-        zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.config.hidden)
+    def init_state(self, ctx: Context, rows: int) -> State:
+        zeros = ctx["mean"].new_zeros(rows, self.config.hidden)
         return (zeros,) * (2 * self.stages)  # (h0, c0, h1, c1, ...)
 
     def embed_words(self, words: Tensor) -> Tensor:
@@ -123,7 +125,8 @@ class StackCap(StagedDecoder):
         """-> every stage's h [N, stages, H], the next state, every fine alpha [N, Nf, L]."""
         word_gates = word_gates.chunk(self.stages, -1)
         h_last = state[-2]  # h^{Nf}_{t-1}
-        h, c = self.coarse([h_last], word_gates[0] + ctx["mean_gates"], (state[0], state[1]))
+        ahead = word_gates[0] + per_row(ctx["mean_gates"], h_last.shape[0])
+        h, c = self.coarse([h_last], ahead, (state[0], state[1]))
         new_state, hiddens, alphas = [h, c], [h], []
         previous_h, previous_attended = h, None
         for i, (cell, att) in enumerate(zip(self.fine, self.attention)):
@@ -157,7 +160,7 @@ class StackCap(StagedDecoder):
         steps at once."""
         if feed is None:
             hiddens, alphas = self.recur(self.embed_words(captions[:, :-1].t()),
-                                         self.init_state(ctx), ctx)
+                                         self.init_state(ctx, captions.shape[0]), ctx)
             stage_logits = self.stage_logits(hiddens)  # [stages, N, T, V]
         else:
             stage_logits, alphas = self.fed_forward(ctx, captions, feed)
@@ -168,7 +171,7 @@ class StackCap(StagedDecoder):
     def fed_forward(self, ctx: Context, captions: Tensor, feed: WordFeed) -> tuple[Tensor, Tensor]:
         """Scheduled sampling, a step at a time (the feed reads the head's previous logits) ->
         stage logits [stages, N, T, V], alphas [N, T, Nf, L]."""
-        state, logits, alphas = self.init_state(ctx), [], []
+        state, logits, alphas = self.init_state(ctx, captions.shape[0]), [], []
         for t in range(captions.shape[1] - 1):
             words = captions[:, t] if t == 0 else feed(captions[:, t], logits[-1][self.head])
             hidden, state, alpha = self.step_hidden(self.embed_words(words), state, ctx)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderConfig, State
+from trainer.decoders.base import Context, Decoder, DecoderConfig, State, per_row
 from trainer.modules.attention import AdditiveAttention
 from trainer.modules.dropout import Dropout
 from trainer.modules.feature_embed import feature_embedding
@@ -79,8 +79,8 @@ class TopDown(Decoder):
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
                 "mean": mean, "mean_gates": self.attention_lstm.project("mean", mean, True)}
 
-    def init_state(self, ctx: Context) -> State:
-        zeros = ctx["mean"].new_zeros(ctx["mean"].shape[0], self.config.hidden)
+    def init_state(self, ctx: Context, rows: int) -> State:
+        zeros = ctx["mean"].new_zeros(rows, self.config.hidden)
         return zeros, zeros, zeros, zeros  # h1, c1, h2, c2
 
     def embed_words(self, words: Tensor) -> Tensor:
@@ -92,7 +92,8 @@ class TopDown(Decoder):
 
     def step_hidden(self, word_gates: Tensor, state: State, ctx: Context):
         h1, c1, h2, c2 = state
-        h1, c1 = self.attention_lstm([h2], word_gates + ctx["mean_gates"], (h1, c1))
+        ahead = word_gates + per_row(ctx["mean_gates"], h2.shape[0])
+        h1, c1 = self.attention_lstm([h2], ahead, (h1, c1))
         attended, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h1)
         h2, c2 = self.language_lstm(torch.cat([attended, h1], 1), (h2, c2))
         return h2, (h1, c1, h2, c2), alpha

@@ -41,7 +41,8 @@ is the caption (or beam), so beam search's ``index_select`` reorders each hypoth
 with it, and compacting the batch drops rows, as for any other state (trainer/decode.py never
 needs a state of fixed size, so none is preallocated). The cross-attention's keys and values
 of the encoded regions are projected once per image in ``encode`` (the context's ``keys`` and
-``values``, ``[B, layers, L, d]``).
+``values``, ``[B, layers, L, d]``), and the k rows of an image query them together: its
+captions' (or beams') T positions are one sequence of k T queries over its L regions.
 
 Attention pictures: ``alpha`` is the last decoder layer's cross-attention, averaged over the
 heads ([N, L] per step, [N, T, L] under teacher forcing), 0 on padded regions.
@@ -181,16 +182,21 @@ class DecoderLayer(Sublayers):
     def forward(self, x: Tensor, past: tuple[Tensor, Tensor] | None, memory: tuple[Tensor, Tensor],
                 mask: Tensor, weights: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Words x [N, T, d] after the ``past`` positions' keys and values ([N, t, d] each, or
-        None: then x is the whole caption, causally masked) -> x [N, T, d], this layer's keys
-        and values of all t + T positions, the cross-attention [N, T, L] (with ``weights``)."""
+        None: then x is the whole caption, causally masked), the images' regions' keys and values
+        ``memory`` [B, L, d] each and ``mask`` [B, L] (N = B k) -> x [N, T, d], this layer's
+        keys and values of all t + T positions, the cross-attention [N, T, L] (with
+        ``weights``)."""
         y = self.into(x, 0)
         keys, values = self.self_attention.keys_values(y)  # [N, T, d]
         if past is not None:
             keys = torch.cat([past[0].to(keys.dtype), keys], 1)  # [N, t + T, d]
             values = torch.cat([past[1].to(values.dtype), values], 1)
         x = self.add(x, self.self_attention(y, keys, values, causal=past is None)[0], 0)
-        attended, alpha = self.cross_attention(self.into(x, 1), *memory, mask, weights=weights)
-        x = self.add(x, attended, 1)
+        n, t, images = x.shape[0], x.shape[1], mask.shape[0]
+        queries = self.into(x, 1).reshape(images, -1, x.shape[2])  # an image's rows: [B, k T, d]
+        attended, alpha = self.cross_attention(queries, *memory, mask, weights=weights)
+        x = self.add(x, attended.reshape(n, t, -1), 1)
+        alpha = None if alpha is None else alpha.reshape(n, t, -1)
         return self.add(x, self.ffn(self.into(x, 2)), 2), keys, values, alpha
 
 
@@ -228,9 +234,8 @@ class Transformer(Decoder):
         keys, values = kv.chunk(2, -1)
         return {"keys": keys, "values": values, "mask": mask}
 
-    def init_state(self, ctx: Context) -> State:
-        keys = ctx["keys"]
-        empty = keys.new_zeros(keys.shape[0], len(self.decoder), 0, self.config.d_model)
+    def init_state(self, ctx: Context, rows: int) -> State:
+        empty = ctx["keys"].new_zeros(rows, len(self.decoder), 0, self.config.d_model)
         return empty, empty  # no word yet: keys, values [N, layers, 0, d]
 
     def embed(self, words: Tensor, start: int) -> Tensor:

@@ -7,6 +7,11 @@ is computed once per image (:meth:`project`) and reused at every step.
 HACap's e_ti = w_e^T ReLU(L_img a_i + L_lang q + b) is the same with ``activation="relu"``;
 poojahira's bottom-up/top-down attention (models.py:34-37 there) is
 ``a_i = w_a^T dropout(ReLU(W_va v_i + W_ha h))``: ``activation="relu"`` and ``dropout=0.5``.
+
+The features are per image and the queries per row, k rows of each image (a caption, a
+sample, a beam; trainer/decoders/base.py): the k queries of an image attend over its
+features in one broadcast, [B, 1, L, A] + [B, k, 1, A], so neither the features nor their
+projection is copied for every row, and their gradients add up per image.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from trainer.modules.dropout import Dropout
 
 
 class AdditiveAttention(nn.Module):
-    ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+    # in place, on the sum made for them: a [B, k, L, A] tensor less to allocate at every step
+    ACTIVATIONS = {"tanh": torch.tanh_, "relu": torch.relu_}
 
     def __init__(self, feature_dim: int, query_dim: int, hidden: int, activation: str = "tanh",
                  dropout: float = 0.0):
@@ -35,14 +41,26 @@ class AdditiveAttention(nn.Module):
 
     def forward(self, projected: Tensor, feats: Tensor, mask: Tensor,
                 query: Tensor) -> tuple[Tensor, Tensor]:
-        """-> context [N, D], alpha [N, L] (0 on masked locations)."""
-        hidden = self.activation(projected + self.query_proj(query)[:, None])  # [N, L, A]
+        """projected [B, L, A], feats [B, L, D], mask [B, L], query [N, Q] (N = B * k rows)
+        -> context [N, D], alpha [N, L] (0 on masked locations)."""
+        queries = grouped_queries(self.query_proj(query), projected.shape[0])  # [B, k, 1, A]
+        hidden = self.activation(projected[:, None] + queries)  # [B, k, L, A]
         if self.dropout is not None:
             hidden = self.dropout(hidden)
-        scores = self.score(hidden).squeeze(2).masked_fill(~mask, float("-inf"))  # [N, L]
-        alpha = torch.softmax(scores, dim=1)  # [N, L]
-        context = torch.bmm(alpha[:, None], feats).squeeze(1)  # [N, D]
-        return context, alpha
+        return attend(self.score(hidden).squeeze(-1), feats, mask)
+
+
+def grouped_queries(queries: Tensor, images: int) -> Tensor:
+    """Rows' queries [N, A] -> [B, k, 1, A], to broadcast over an image's L locations."""
+    return queries.view(images, queries.shape[0] // images, 1, queries.shape[1])
+
+
+def attend(scores: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Each image's rows' scores [B, k, L] over its values [B, L, D], masked [B, L] ->
+    softmax-weighted values [B * k, D] and the weights alpha [B * k, L]."""
+    alpha = torch.softmax(scores.masked_fill(~mask[:, None], float("-inf")), dim=-1)
+    context = torch.bmm(alpha, values)  # [B, k, D]
+    return context.flatten(0, 1), alpha.flatten(0, 1)
 
 
 def doubly_stochastic_penalty(alphas: Tensor, step_mask: Tensor, loc_mask: Tensor) -> Tensor:

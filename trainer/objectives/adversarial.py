@@ -50,7 +50,6 @@ from torch import Tensor
 
 from trainer.bounds import MAX_SAMPLES, MAX_STEPS, bounded
 from trainer.decode import sample
-from trainer.decoders.base import expand_context
 from trainer.decoders.hacap import HACap, manager_cosines
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import StepKey
@@ -150,7 +149,7 @@ class Adversarial(TrainsDiscriminator):
         q = ranked[first:first + len(values)]
         horizon = decoder.config.horizon
         q_per_goal = q.repeat_interleave(horizon, 1)[:, :tokens.shape[1]]  # [N, T]
-        output = decoder(expand_context(ctx, s), with_bos(tokens))
+        output = decoder(ctx, with_bos(tokens))
         mask = generated_mask(tokens)
         last = mask.sum(1)
         count = share.global_count(mask.sum())
@@ -172,11 +171,10 @@ class Adversarial(TrainsDiscriminator):
         c, horizon = self.config, decoder.config.horizon
         r, s = c.rollouts, c.samples
         whole = torch.sigmoid(decoder.discriminator(with_bos(tokens)))  # [N]
-        image_ctx = expand_context(ctx, s)
         values = []
         for end in range(horizon, tokens.shape[1], horizon):
             noise = key.sampling_noise(share, s * r, 1, end)
-            completed = sample(decoder, image_ctx, self.setting.max_len, c.temperature, n=r,
+            completed = sample(decoder, ctx, self.setting.max_len, c.temperature, n=r,
                                noise=noise, prefix=tokens[:, :end]).tokens
             scores = torch.sigmoid(decoder.discriminator(with_bos(completed)))
             values.append(scores.view(-1, r).mean(1))

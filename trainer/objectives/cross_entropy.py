@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.bounds import MAX_EPOCHS, bounded
-from trainer.decoders.base import Decoder, expand_context
+from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, StepKey
 
@@ -102,7 +102,7 @@ class CrossEntropy(Objective):
     def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         captions = batch.captions[:, :int((batch.captions != 0).sum(1).max())]  # drop pad columns
         targets = captions[:, 1:]
-        ctx = expand_context(decoder.encode(batch.feats, batch.mask), batch.seq_per_img)
+        ctx = decoder.encode(batch.feats, batch.mask)
         prob = self.config.probability(key.epoch)
         output = decoder(ctx, captions, ScheduledSampling(prob) if prob > 0 else None)
         share = batch.share
