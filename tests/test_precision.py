@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
@@ -13,19 +12,15 @@ from trainer.decoders import DECODERS
 from trainer.precision import Precision, autocast_dtype
 from trainer.read_ahead import _Reader, read_ahead
 from trainer.train import train
-from trainer_fixtures import (make_decoder, make_prepared, mean_xe, teacher_forced,
-                              tiny_decoder_config, write_experiment, write_feature_store)
+from trainer_fixtures import (make_decoder, mean_xe, prepared_with_grid, teacher_forced,
+                              tiny_decoder_config, write_experiment)
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("precision")
-    dataset, prepared = make_prepared(root)
-    ids = load_captions(prepared).image_ids
-    grid = write_feature_store(root / "grid.lmdb", ids, kind="grid", image_root=dataset.parent)
-    return prepared, grid
+    return prepared_with_grid(tmp_path_factory.mktemp("precision"))
 
 
 def xe_and_gradients(model, feats, mask, captions, precision: Precision):

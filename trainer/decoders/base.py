@@ -4,11 +4,11 @@ Teacher forcing (:meth:`Decoder.forward`), greedy decoding, sampling and beam
 search (``trainer/decode.py``) all drive the same ``step``. A context is a dict of
 tensors whose first dimension is the image, [B, ...]; a state is a tuple of tensors
 whose first dimension is the row a decoder steps (a caption, a sample, a beam), and
-an image's rows are adjacent, k of them each: row r is image r // k's (``per_row``,
-``by_image``). So an image's regions are never copied for its captions or beams (an
-attention step reads them once per image, its gradients summed per image and not per
-caption), and reordering beams, which stay with their image, is the same
-``index_select`` of the state for every decoder.
+an image's rows are adjacent, k of them each: row r is image r // k's (``per_row``).
+So an image's regions are never copied for its captions or beams (an attention step
+reads them once per image, its gradients summed per image and not per caption), and
+reordering beams, which stay with their image, is the same ``index_select`` of the
+state for every decoder.
 
 A decoder knows no training loop: tensors in, logits and attention out, and its
 own loss terms (:meth:`Decoder.loss_terms`) as *sums* that the objective divides
@@ -93,11 +93,6 @@ def per_row(per_image: Tensor, rows: int) -> Tensor:
     """An image's tensor for each of its rows: [B, ...] -> [rows, ...], rows = B * k."""
     k = rows // per_image.shape[0]
     return per_image if k == 1 else per_image.repeat_interleave(k, 0)
-
-
-def by_image(rows: Tensor, images: int) -> Tensor:
-    """Rows grouped by their image: [B * k, ...] -> [B, k, ...] (a view)."""
-    return rows.view(images, rows.shape[0] // images, *rows.shape[1:])
 
 
 def stack_steps(per_step: list[Tensor | None]) -> Tensor | None:
