@@ -251,3 +251,24 @@ def test_gru_cells_steps_ahead_equal_their_forward(cell):
         c = reference(step, c)
         expected.append(c)
     torch.testing.assert_close(gru.steps(gru.project(x), c0), torch.stack(expected, 1))
+
+
+def test_top_down_language_lstm_reads_the_attended_regions_as_eq_4_weighs_them():
+    """The language LSTM weighs each region's share of its gates, W v_i + b, by alpha_t: that is
+    nn.LSTMCell on [v_hat_t, h1_t] with v_hat_t = sum_i alpha_it v_i (eq. 4), a padded region
+    included (its weight is 0, the others still sum to one)."""
+    model = build("top_down", {"dropout": 0.0}).eval()
+    feats, mask, captions = inputs()
+    ctx = model.encode(feats, mask)
+    state = tuple(torch.randn(s.shape, generator=torch.Generator().manual_seed(3))
+                  for s in model.init_state(ctx, captions.shape[0]))
+    hidden, (h1, _, h2, c2), alpha = model.step_hidden(model.embed_words(captions[:, 1]),
+                                                       state, ctx)
+    v_hat = torch.bmm(alpha.view(IMAGES, PER_IMAGE, -1), ctx["feats"]).flatten(0, 1)
+    reference = nn.LSTMCell(v_hat.shape[1] + h1.shape[1], h1.shape[1])
+    reference.load_state_dict(lstm_cell_parameters(model.language_lstm))
+    with torch.no_grad():
+        expected_h2, expected_c2 = reference(torch.cat([v_hat, h1], 1), state[2:])
+    torch.testing.assert_close(h2, expected_h2)
+    torch.testing.assert_close(c2, expected_c2)
+    assert torch.equal(hidden, h2) and (alpha[:PER_IMAGE, 4] == 0).all()

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
@@ -51,7 +50,12 @@ class TopDown(Decoder):
 
     The attention LSTM's products of v_bar (once per image, in ``encode``) and of the
     embedded words (for all steps at once under teacher forcing, ``embed_words``) are
-    taken outside the step, which multiplies only [h2, h1] (modules/parts_lstm.py).
+    taken outside the step, which multiplies only [h2, h1] (modules/parts_lstm.py). The
+    language LSTM reads v_hat_t only through its gates' product W v_hat_t, and
+    W sum_i alpha_it v_i = sum_i alpha_it (W v_i): each region's product is taken once per
+    image, in ``encode``, and a step weighs those, L x 4h numbers a row, where W v_hat_t
+    would be D x 4h products (36 against 512 at the papers' sizes). The bias rides along in
+    each region's product: the weights alpha_it sum to one.
     """
 
     Config = TopDownConfig
@@ -64,7 +68,7 @@ class TopDown(Decoder):
         self.attention_lstm = PartsLSTMCell({"h2": h, "mean": feature_dim, "word": e}, ["h2"], h)
         self.attention = AdditiveAttention(feature_dim, h, config.att_hidden,
                                            config.att_activation, config.att_dropout)
-        self.language_lstm = nn.LSTMCell(feature_dim + h, h)
+        self.language_lstm = PartsLSTMCell({"attended": feature_dim, "h1": h}, ["h1"], h)
         self.dropout = Dropout(config.dropout)
         self.out = nn.Linear(h, vocab_size)  # W_p
         if config.weight_norm:
@@ -77,7 +81,8 @@ class TopDown(Decoder):
             feats = self.feature_embed(feats)
         mean = masked_mean(feats, mask)
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
-                "mean": mean, "mean_gates": self.attention_lstm.project("mean", mean, True)}
+                "mean": mean, "mean_gates": self.attention_lstm.project("mean", mean, True),
+                "region_gates": self.language_lstm.project("attended", feats, True)}
 
     def init_state(self, ctx: Context, rows: int) -> State:
         zeros = ctx["mean"].new_zeros(rows, self.config.hidden)
@@ -94,8 +99,10 @@ class TopDown(Decoder):
         h1, c1, h2, c2 = state
         ahead = word_gates + per_row(ctx["mean_gates"], h2.shape[0])
         h1, c1 = self.attention_lstm([h2], ahead, (h1, c1))
-        attended, alpha = self.attention(ctx["projected"], ctx["feats"], ctx["mask"], h1)
-        h2, c2 = self.language_lstm(torch.cat([attended, h1], 1), (h2, c2))
+        # the language LSTM's gates from v_hat_t, [N, 4h]: the attention's weights on W v_i + b
+        attended_gates, alpha = self.attention(ctx["projected"], ctx["region_gates"],
+                                               ctx["mask"], h1)
+        h2, c2 = self.language_lstm([h1], attended_gates, (h2, c2))
         return h2, (h1, c1, h2, c2), alpha
 
     def readout(self, hidden: Tensor) -> Tensor:

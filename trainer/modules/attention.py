@@ -39,15 +39,18 @@ class AdditiveAttention(nn.Module):
     def project(self, feats: Tensor) -> Tensor:
         return self.feature_proj(feats)  # [N, L, D] -> [N, L, A]
 
-    def forward(self, projected: Tensor, feats: Tensor, mask: Tensor,
+    def forward(self, projected: Tensor, values: Tensor, mask: Tensor,
                 query: Tensor) -> tuple[Tensor, Tensor]:
-        """projected [B, L, A], feats [B, L, D], mask [B, L], query [N, Q] (N = B * k rows)
-        -> context [N, D], alpha [N, L] (0 on masked locations)."""
+        """projected [B, L, A], values [B, L, D], mask [B, L], query [N, Q] (N = B * k rows)
+        -> context sum_i alpha_i values_i [N, D], alpha [N, L] (0 on masked locations).
+
+        The values are the features, or a linear image of each (W v_i + b) where the context
+        is read only through W: the weighted sum of the images is the image of the sum."""
         queries = grouped_queries(self.query_proj(query), projected.shape[0])  # [B, k, 1, A]
         hidden = self.activation(projected[:, None] + queries)  # [B, k, L, A]
         if self.dropout is not None:
             hidden = self.dropout(hidden)
-        return attend(self.score(hidden).squeeze(-1), feats, mask)
+        return attend(self.score(hidden).squeeze(-1), values, mask)
 
 
 def grouped_queries(queries: Tensor, images: int) -> Tensor:
