@@ -14,7 +14,8 @@ from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.data import caption_tensor
-from trainer.decode import _ending_at, beam_search, greedy, picked_logprobs, sample
+from trainer.decode import (_ending_at, _log_softmax_in_place, beam_search, greedy, picked_logprobs,
+                            sample)
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Decoder, DecoderOutput, per_row
 from trainer.modules.dropout import Dropout
@@ -535,3 +536,21 @@ def test_picked_logprobs_have_the_gradient_of_log_softmax_then_gather(t):
     (got_grad,) = torch.autograd.grad((got * weights).sum(), logits)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got_grad, expected_grad)
+
+
+def test_beam_search_log_softmax_is_taken_in_place_only_on_a_tensor_nothing_else_reads():
+    """A step's own logits become their log-softmax in their memory (beam search reads them once);
+    logits that a graph needs, or a view into a larger tensor, are left as they were."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 30) * 5
+    expected = torch.log_softmax(logits, 1)
+    own = logits.clone()
+    got = _log_softmax_in_place(own)
+    assert got.data_ptr() == own.data_ptr() and torch.equal(got, expected)
+    bigger = torch.cat([logits, logits])
+    view = bigger[:4]
+    assert torch.equal(_log_softmax_in_place(view), expected)
+    assert torch.equal(bigger[:4], logits)  # the larger tensor untouched
+    graphed = logits.clone().requires_grad_() * 1
+    assert torch.equal(_log_softmax_in_place(graphed), expected)
+    assert torch.equal(graphed, logits)
