@@ -11,8 +11,9 @@ profiled with ``torch.profiler`` after a warm-up step. Each op's own time goes t
 
 - forward: the decoder's submodule that ran it (by its attribute: recurrent cells,
   attention, vocabulary projection, embeddings, dropout, ...; a submodule not named here is
-  its own group), the cross-entropy (log-softmax, loss), or the rest of the step function
-  that called it (sampling, state, the SCST loss); the CIDEr-D scoring (numpy, no torch op)
+  its own group), the cross-entropy (log-softmax, loss; the matrix products of a loss
+  that makes the logits from the decoder's readout count as the vocabulary projection), or
+  the rest of the step function that called it (sampling, state, the SCST loss); the CIDEr-D scoring (numpy, no torch op)
   counts as its whole time;
 - greedy: the same groups inside SCST's greedy baseline decode (no gradients);
 - backward: the group of the forward op whose gradient it computes (autograd keeps
@@ -99,6 +100,7 @@ MARK = "group: "
 BACKWARD = "autograd::engine::evaluate_function: "
 GREEDY, REWARD = "greedy decode (no grad)", "CIDEr-D reward (numpy)"
 UPDATE = ("zero_grad", "clip", "optimiser")
+LOSS = "log-softmax and loss"
 
 
 # ------------------------------------------------------------------------- the work
@@ -192,8 +194,10 @@ def marked_call(function, group: str):
 
 def annotate_objectives(scst) -> None:
     """The cross-entropy, SCST's greedy baseline and its reward scoring each in their range."""
-    cross_entropy.token_cross_entropy = marked_call(cross_entropy.token_cross_entropy,
-                                                    "log-softmax and loss")
+    # today's objective calls output_cross_entropy; a --root checkout's may call the other
+    for name in ("output_cross_entropy", "token_cross_entropy"):
+        if hasattr(cross_entropy, name):
+            setattr(cross_entropy, name, marked_call(getattr(cross_entropy, name), LOSS))
     self_critical.greedy_decode = marked_call(self_critical.greedy_decode, GREEDY)
     scst.scorer.score = marked_call(scst.scorer.score, REWARD)
 
@@ -243,6 +247,8 @@ def time_by_group(events, wall: float) -> tuple[dict, dict]:
                 spent["forward", REWARD] += event.cpu_time_total / 1e6
             continue
         where = group_of(event, by_sequence)
+        if where[1] == LOSS and event.name in PRODUCTS:  # made by the loss from the readout
+            where = (where[0], VOCABULARY)
         spent[where] += event.self_cpu_time_total / 1e6
         ops[(*where, event.name)] += event.self_cpu_time_total / 1e6
     spent["other", "Python and dispatch"] = wall - sum(spent.values())

@@ -13,7 +13,8 @@ from torch import nn
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.objectives import OBJECTIVES
-from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig, token_cross_entropy
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
+from trainer.objectives.token_cross_entropy import token_cross_entropy
 from trainer.train import Run, train
 from trainer_fixtures import logged, prepared_with_grid, write_experiment
 
@@ -142,3 +143,70 @@ def test_token_cross_entropy_is_torch_s_summed_cross_entropy_in_value_and_gradie
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(ours_grad, logits.grad)
     assert (ours_grad[0, 2:] == 0).all()
+
+
+SPLIT_READOUT = ["gru_init", "show_tell", "soft_attention", "top_down", "transformer"]
+
+
+@pytest.mark.parametrize("name", SPLIT_READOUT)
+def test_the_loss_made_from_the_readout_equals_the_loss_of_the_logits_bit_for_bit(name):
+    """Teacher forcing hands over the vocabulary layer and its input; the cross-entropy made
+    from them (logits in its own buffer) gives the loss and every parameter's gradient of
+    the cross-entropy of the logits: the same products in the same order, so equal."""
+    from pipeline.captions.vocab import BOS_ID
+    from trainer.objectives.token_cross_entropy import output_cross_entropy
+    from trainer_fixtures import make_decoder, tiny_decoder_config
+
+    torch.manual_seed(0)
+    model = make_decoder(name, tiny_decoder_config(name), 30, 16).eval()
+    feats, mask = torch.randn(3, 5, 16), torch.ones(3, 5, dtype=torch.bool)
+    captions = torch.randint(4, 30, (6, 8))
+    captions[:, 0], captions[0, 5:] = BOS_ID, 0  # one caption padded
+
+    def loss_and_grads(made_from_readout: bool):
+        model.zero_grad()
+        output = model(model.encode(feats, mask), captions)
+        assert output.readout is not None and not output.projected
+        targets = captions[:, 1:]
+        terms = model.loss_terms(output, targets, targets != 0, mask.repeat_interleave(2, 0))
+        assert not output.projected  # the objective's next call does not project them either
+        loss = (output_cross_entropy(output, targets) if made_from_readout
+                else token_cross_entropy(output.logits, targets)) + terms.summed
+        (loss * 0.37).backward()
+        return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters()
+                               if p.grad is not None}
+
+    for _ in range(2):  # the second time in the buffer the first gave back
+        fused, fused_grads = loss_and_grads(True)
+        plain, plain_grads = loss_and_grads(False)
+        assert torch.equal(fused, plain)
+        assert fused_grads.keys() == plain_grads.keys() and "out.weight" in fused_grads
+        for key in plain_grads:
+            assert torch.equal(fused_grads[key], plain_grads[key]), key
+
+
+def test_two_losses_made_from_readouts_alive_at_once_keep_their_own_logits():
+    """The buffer kept between steps is lent to one loss at a time: a second made before the
+    first's backward gets its own, and a loss without gradients gives it back at once."""
+    from trainer.decoders.base import DecoderOutput, ReadOut
+    from trainer.objectives.token_cross_entropy import WORKSPACE, output_cross_entropy
+
+    torch.manual_seed(1)
+    layer = nn.Linear(8, 25)
+    features = [torch.randn(4, 3, 8, requires_grad=True) for _ in range(2)]
+    targets = torch.randint(1, 25, (4, 3))
+    losses = [output_cross_entropy(DecoderOutput(ReadOut(f, layer), None), targets)
+              for f in features]
+    torch.autograd.backward(losses)
+    for f, loss in zip(features, losses):
+        expected_grad = f.grad
+        f.grad = None
+        reference = F.cross_entropy(layer(f).reshape(-1, 25), targets.reshape(-1),
+                                    reduction="sum")
+        reference.backward()
+        torch.testing.assert_close(loss, reference)
+        torch.testing.assert_close(expected_grad, f.grad)
+    kept = WORKSPACE._free[(torch.device("cpu"), torch.float32)]
+    with torch.no_grad():
+        output_cross_entropy(DecoderOutput(ReadOut(features[0], layer), None), targets)
+    assert WORKSPACE._free[(torch.device("cpu"), torch.float32)] is kept

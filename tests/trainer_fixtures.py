@@ -152,7 +152,7 @@ def teacher_forced(model, feats, mask, captions, seq_per_img: int = 1):
 
 def mean_xe(logits, targets):
     """Cross-entropy per real target token of these captions."""
-    from trainer.objectives.cross_entropy import token_cross_entropy
+    from trainer.objectives.token_cross_entropy import token_cross_entropy
 
     return token_cross_entropy(logits, targets) / (targets != 0).sum()
 

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -59,11 +59,41 @@ class DecoderConfig:
                 yield f"{name}: a probability, must be below 1, got {value}"
 
 
-@dataclass
+class ReadOut(NamedTuple):
+    """Logits not made yet: the vocabulary layer and what it reads, [N, T, F]. Teacher
+    forcing hands these over so that the cross-entropy can make the [N, T, V] logits in memory
+    of its own and turn them into their gradient there (trainer/objectives/cross_entropy.py);
+    anything else asks :attr:`DecoderOutput.logits`, which projects them once."""
+
+    features: Tensor
+    layer: nn.Linear
+
+    def logits(self) -> Tensor:
+        return self.layer(self.features)
+
+
 class DecoderOutput:
-    logits: Tensor  # [N, T, V]
-    alphas: Tensor | None  # [N, T, L], None for decoders without attention
-    extras: dict[str, Tensor] = field(default_factory=dict)
+    """Teacher forcing's result: logits [N, T, V] (or their :class:`ReadOut`, projected on
+    first use), attention [N, T, L] (None for decoders without attention), and any
+    decoder's extras."""
+
+    def __init__(self, logits: Tensor | ReadOut, alphas: Tensor | None,
+                 extras: dict[str, Tensor] | None = None):
+        self.readout = logits if isinstance(logits, ReadOut) else None
+        self._logits = None if self.readout is not None else logits
+        self.alphas = alphas
+        self.extras = {} if extras is None else extras
+
+    @property
+    def logits(self) -> Tensor:
+        if self._logits is None:
+            self._logits = self.readout.logits()
+        return self._logits
+
+    @property
+    def projected(self) -> bool:
+        """Whether the logits have been made (else :attr:`readout` holds them unmade)."""
+        return self._logits is not None
 
 
 @dataclass
@@ -164,8 +194,20 @@ class Decoder(nn.Module):
 
     def readout(self, hidden: Tensor) -> Tensor:
         """[..., H] -> logits [..., V]: the vocabulary projection, applied to any leading
-        shape, so teacher forcing projects every step of every caption at once."""
+        shape, so teacher forcing projects every step of every caption at once. A decoder
+        whose readout ends in one linear layer, ``self.out``, implements
+        :meth:`readout_features` instead."""
+        return self.out(self.readout_features(hidden))
+
+    def readout_features(self, hidden: Tensor) -> Tensor:
+        """[..., H] -> what the vocabulary layer ``self.out`` reads, [..., F]: teacher forcing
+        then hands both to the cross-entropy unprojected (:class:`ReadOut`)."""
         raise NotImplementedError
+
+    @property
+    def splits_readout(self) -> bool:
+        """Whether the readout is :meth:`readout_features` and then ``self.out``."""
+        return type(self).readout_features is not Decoder.readout_features
 
     @property
     def reads_out_once(self) -> bool:
@@ -197,6 +239,8 @@ class Decoder(nn.Module):
     def _forward_read_out_once(self, ctx: Context, captions: Tensor) -> DecoderOutput:
         hiddens, alphas = self.recur(self.embed_words(captions[:, :-1].t()),
                                      self.init_state(ctx, captions.shape[0]), ctx)
+        if self.splits_readout:
+            return DecoderOutput(ReadOut(self.readout_features(hiddens), self.out), alphas)
         return DecoderOutput(self.readout(hiddens), alphas)
 
     def recur(self, inputs: Tensor, state: State, ctx: Context) -> tuple[Tensor, Tensor | None]:
@@ -217,7 +261,7 @@ class Decoder(nn.Module):
 
         targets [N, T] word ids, target_mask [N, T] bool, loc_mask [N, L] bool.
         """
-        return LossTerms(output.logits.new_zeros(()))
+        return LossTerms(targets.new_zeros((), dtype=torch.float32))  # logits left unmade
 
     def update(self, observed: dict[str, Tensor]) -> None:
         """Move the state that follows training, given the global batch's means of

@@ -67,5 +67,5 @@ class GRUInit(Decoder):
         """The steps with the weights they read taken once (trainer/modules/gru.py)."""
         return self.gru.steps(inputs, state[0]), None
 
-    def readout(self, hidden: Tensor) -> Tensor:
-        return self.out(self.dropout(hidden))
+    def readout_features(self, hidden: Tensor) -> Tensor:
+        return self.dropout(hidden)  # then self.out

@@ -87,5 +87,5 @@ class ShowTell(Decoder):
         out, (h, c) = self.lstm(inputs, (h, c))
         return out, (h.transpose(0, 1), c.transpose(0, 1))
 
-    def readout(self, hidden: Tensor) -> Tensor:
-        return self.out(self.dropout(hidden))
+    def readout_features(self, hidden: Tensor) -> Tensor:
+        return self.dropout(hidden)  # then self.out

@@ -95,10 +95,11 @@ class SoftAttention(Decoder):
         hidden, state = self.advance(inputs, state, beta * context)  # z = beta * sum_i alpha_i a_i
         return hidden, state, alpha
 
-    def readout(self, hidden: Tensor) -> Tensor:
-        """The deep output layer, L_o(E y + L_h h + L_z z), on any leading shape."""
+    def readout_features(self, hidden: Tensor) -> Tensor:
+        """The deep output layer's input, E y + L_h h + L_z z, on any leading shape (then
+        L_o, ``self.out``)."""
         embedded, h, z = hidden.split([self.config.embed, self.config.hidden, self.feature_dim], -1)
-        return self.out(self.dropout(embedded + self.out_h(h) + self.out_z(z)))  # [..., V]
+        return self.dropout(embedded + self.out_h(h) + self.out_z(z))
 
     def loss_terms(self, output: DecoderOutput, targets: Tensor, target_mask: Tensor,
                    loc_mask: Tensor) -> LossTerms:

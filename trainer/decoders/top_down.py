@@ -105,5 +105,5 @@ class TopDown(Decoder):
         h2, c2 = self.language_lstm([h1], attended_gates, (h2, c2))
         return h2, (h1, c1, h2, c2), alpha
 
-    def readout(self, hidden: Tensor) -> Tensor:
-        return self.out(self.dropout(hidden))  # p(y_t) = softmax(W_p h2_t + b_p)
+    def readout_features(self, hidden: Tensor) -> Tensor:
+        return self.dropout(hidden)  # p(y_t) = softmax(W_p h2_t + b_p), W_p: self.out

@@ -58,7 +58,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.decoders import DECODERS
-from trainer.decoders.base import Context, Decoder, DecoderConfig, DecoderOutput, State, WordFeed
+from trainer.decoders.base import (Context, Decoder, DecoderConfig, DecoderOutput, ReadOut,
+                                   State, WordFeed)
 from trainer.modules.dropout import Dropout
 
 
@@ -263,7 +264,7 @@ class Transformer(Decoder):
         if feed is not None:  # scheduled sampling: a step's word follows the previous logits
             return super().forward(ctx, captions, feed)
         hidden, _, _, alphas = self.decode(self.embed(captions[:, :-1], 0), ctx, None)
-        return DecoderOutput(self.out(hidden), alphas)  # [N, T, V], [N, T, L]
+        return DecoderOutput(ReadOut(hidden, self.out), alphas)  # [N, T, V], [N, T, L]
 
     def step(self, words: Tensor, state: State, ctx: Context):
         x = self.embed(words[:, None], state[0].shape[2])  # [N, 1, d] at position t

@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from trainer.bounds import MAX_EPOCHS, bounded
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import Objective, StepKey
+from trainer.objectives.token_cross_entropy import output_cross_entropy
 
 
 @dataclass
@@ -37,39 +37,6 @@ class CrossEntropyConfig:
         rises = (epoch - self.scheduled_sampling_start) // max(
             self.scheduled_sampling_increase_every, 1)
         return min(self.scheduled_sampling_increase * rises, self.scheduled_sampling_max)
-
-
-def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """-log p of every real target token (<eos> included, <pad> ignored), summed."""
-    return SummedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]).float(),
-                                    targets.reshape(-1))  # rows: log-softmax on contiguous V
-
-
-class SummedCrossEntropy(torch.autograd.Function):
-    """``F.cross_entropy(logits, targets, ignore_index=0, reduction="sum")`` with the
-    gradient ``softmax - onehot`` made in place in the saved log-probabilities.
-
-    torch's backward fills a zero [M, V] gradient for the gathered entries, then its
-    log-softmax backward reads it and the log-probabilities to write a third [M, V]
-    tensor: at COCO's vocabulary these passes over the logits were a tenth of an XE step
-    on a CPU. Here backward exponentiates the saved log-probabilities where they lie and
-    subtracts 1 at the targets. So the graph can be run backward once only, as every
-    training step does."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:
-        logprobs = torch.log_softmax(logits, 1)  # [M, V]
-        real = targets != 0
-        picked = logprobs.gather(1, targets[:, None]).squeeze(1)  # [M]
-        ctx.save_for_backward(logprobs, targets, real)
-        return -(picked * real).sum()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        logprobs, targets, real = ctx.saved_tensors
-        gradient = logprobs.exp_()  # softmax, in the saved tensor's memory
-        gradient.scatter_add_(1, targets[:, None], -torch.ones_like(gradient[:, :1]))
-        return gradient.mul_((grad * real)[:, None]), None
 
 
 class ScheduledSampling:
@@ -106,7 +73,7 @@ class CrossEntropy(Objective):
         prob = self.config.probability(key.epoch)
         output = decoder(ctx, captions, ScheduledSampling(prob) if prob > 0 else None)
         share = batch.share
-        xe = token_cross_entropy(output.logits, targets) / share.tokens
+        xe = output_cross_entropy(output, targets) / share.tokens
         terms = decoder.loss_terms(output, targets, targets != 0,
                                    batch.mask.repeat_interleave(batch.seq_per_img, 0))
         self._observed = {k: v.detach() for k, v in terms.observed.items()}
