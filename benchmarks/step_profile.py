@@ -13,8 +13,8 @@ profiled with ``torch.profiler`` after a warm-up step. Each op's own time goes t
   attention, vocabulary projection, embeddings, dropout, ...; a submodule not named here is
   its own group), the cross-entropy (log-softmax, loss; the matrix products of a loss
   that makes the logits from the decoder's readout count as the vocabulary projection), or
-  the rest of the step function that called it (sampling, state, the SCST loss); the CIDEr-D scoring (numpy, no torch op)
-  counts as its whole time;
+  the rest of the step function that called it (sampling, state, the SCST loss); the CIDEr-D
+  scoring (numpy, no torch op) counts as its whole time;
 - greedy: the same groups inside SCST's greedy baseline decode (no gradients);
 - backward: the group of the forward op whose gradient it computes (autograd keeps
   the forward op's sequence number), gradient accumulation on its own;

@@ -61,9 +61,10 @@ class DecoderConfig:
 
 class ReadOut(NamedTuple):
     """Logits not made yet: the vocabulary layer and what it reads, [N, T, F]. Teacher
-    forcing hands these over so that the cross-entropy can make the [N, T, V] logits in memory
-    of its own and turn them into their gradient there (trainer/objectives/cross_entropy.py);
-    anything else asks :attr:`DecoderOutput.logits`, which projects them once."""
+    forcing hands these over so that the cross-entropy can make the [N, T, V] logits in
+    memory of its own and turn them into their gradient there
+    (trainer/objectives/token_cross_entropy.py); anything else asks
+    :attr:`DecoderOutput.logits`, which projects them once."""
 
     features: Tensor
     layer: nn.Linear
