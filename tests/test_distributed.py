@@ -170,6 +170,7 @@ def test_hacaps_adversarial_phase_on_two_processes_trains_as_one_process(data, t
 
 
 DECODER_LOOP = """
+import faulthandler
 import sys
 import torch.distributed as dist
 from trainer.config import load_experiment
@@ -177,6 +178,7 @@ from trainer.train import train
 dist.init_process_group("gloo")
 for exp, out in zip(sys.argv[1::2], sys.argv[2::2]):
     train(load_experiment(exp), out, progress=False)
+    assert faulthandler.is_enabled()  # a rank that aborts in C++ says where its Python was
 dist.destroy_process_group()
 """
 
@@ -199,7 +201,7 @@ def test_every_decoder_trains_under_ddp(data, tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", str(tmp_path / "loop.py"), *args],
                           capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-12000:]
     for name in DECODERS:
         assert (tmp_path / "runs" / name / "best.pt").is_file(), name
 

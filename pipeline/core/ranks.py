@@ -113,14 +113,21 @@ def environment_ranks(env: dict | None = None) -> Ranks:
 def join(device_type: str = "cpu") -> Iterator[Ranks]:
     """Join torchrun's process group for the ``with`` block (nothing to join in a world of 1).
 
-    NCCL when the ranks compute on GPUs, gloo on the CPU.
+    NCCL when the ranks compute on GPUs, gloo on the CPU. Each rank also turns on Python's
+    fault handler: a rank that aborts in C++ (gloo, NCCL) prints where its Python was, not
+    just torchrun's "exitcode -6".
     """
     ranks = environment_ranks()
     if not ranks.distributed:
         yield ranks
         return
+    import faulthandler
+
     import torch
     import torch.distributed as dist
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
 
     if dist.is_initialized():  # an enclosing block joined already
         yield ranks
