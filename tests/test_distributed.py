@@ -183,26 +183,54 @@ dist.destroy_process_group()
 """
 
 
+def objective_settings(cache: Path) -> dict[str, list[dict | None]]:
+    """Every registered objective as a DDP check runs it: small, and each setting that
+    changes which parameters its loss reaches (C2F's coarse term)."""
+    reward = {"name": "cider-d", "cache": str(cache)}
+    rounds = {"sets": 1, "epochs": 1, "batch_size": 8, "heldout_images": 4}
+    return {"xe": [None],
+            "scst": [{"name": "scst", "reward": reward, "samples": 2}],
+            "c2f": [{"name": "c2f", "reward": reward, "samples": 2, "coarse_term": coarse}
+                    for coarse in (False, True)],
+            "interleaved_pretraining": [{"name": "interleaved_pretraining",
+                                         "discriminator": rounds}],
+            "adversarial": [{"name": "adversarial", "rollouts": 2, "ml_every": 2,
+                             "ml_batches": 1, "discriminator": rounds}]}
+
+
 @pytest.mark.slow
-def test_every_decoder_trains_under_ddp(data, tmp_path):
-    """An epoch of each registered decoder on two processes (one torchrun launch): DDP finds
-    every parameter in the loss, and a rank's part of one image trains too (show_tell's batch
-    norm)."""
+def test_every_objective_trains_every_decoder_it_takes_under_ddp(data, tmp_path):
+    """An epoch of each registered objective on each decoder it accepts, on two processes (one
+    torchrun launch): DDP looks for unused parameters exactly where the objective says its
+    loss leaves some out, and refuses a step otherwise; a rank's part of one image trains
+    too (show_tell's batch norm)."""
     from trainer.decoders import DECODERS
+    from trainer.objectives import OBJECTIVES
 
     root, exp = data
-    args = []
-    for name in sorted(DECODERS):
-        path = write_experiment(tmp_path / f"{name}.yaml", decoder=name,
-                                captions=root / "prepared", features=[root / "grid.lmdb"],
-                                epochs=1, batch_size=6)
-        args += [str(path), str(tmp_path / "runs" / name)]
+    settings = objective_settings(root / "cider.npz")
+    assert set(settings) == set(OBJECTIVES)  # a new objective gets its DDP check here
+    args, runs = [], []
+    for objective in sorted(OBJECTIVES):
+        for decoder in sorted(DECODERS):
+            if not issubclass(DECODERS.get(decoder), OBJECTIVES.get(objective).decoder_type):
+                continue
+            for k, setting in enumerate(settings[objective]):
+                name = f"{objective}-{decoder}-{k}"
+                path = write_experiment(tmp_path / f"{name}.yaml", decoder=decoder,
+                                        captions=root / "prepared",
+                                        features=[root / "grid.lmdb"], epochs=1,
+                                        batch_size=6, objective=setting)
+                args += [str(path), str(tmp_path / "runs" / name)]
+                runs.append(name)
+    assert len(runs) > len(sorted(DECODERS)) + 2  # xe on each, and more
     (tmp_path / "loop.py").write_text(DECODER_LOOP)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", str(tmp_path / "loop.py"), *args],
                           capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-12000:]
-    for name in DECODERS:
+    assert "find_unused_parameters=True was specified" not in done.stderr  # none looked in vain
+    for name in runs:
         assert (tmp_path / "runs" / name / "best.pt").is_file(), name
 
 

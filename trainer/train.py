@@ -204,8 +204,8 @@ class Run:
         elsewhere = [f"decoder.{name}" for name, p in self.model.named_parameters()
                      if id(p) not in trained]  # an objective's own optimiser trains them
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(loss, elsewhere)
-        return DistributedDataParallel(loss, find_unused_parameters=(
-            self.objective.find_unused_parameters or self.model.find_unused_parameters))
+        return DistributedDataParallel(
+            loss, find_unused_parameters=self.objective.leaves_parameters_out(self.model))
 
     def starting_checkpoint(self) -> dict | None:
         """``train.init_from`` and its digest: a run resumes only from the start it was given."""

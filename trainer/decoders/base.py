@@ -144,8 +144,9 @@ class Decoder(nn.Module):
     Config: ClassVar[type]
     has_attention: ClassVar[bool] = True
     requirement: ClassVar[str] = "a decoder"  # what an objective asking for this class says
-    # DDP: some objectives' losses leave a parameter group without gradient (HACap under SCST)
-    find_unused_parameters: ClassVar[bool] = False
+    # A loss on the log-probabilities of sampled words alone (SCST's) reaches every parameter;
+    # False where some are trained by other terms only (HACap's MANAGER): DDP must know.
+    sampled_log_probs_train_all: ClassVar[bool] = True
 
     def __init__(self, config, vocab_size: int, feature_dim: int):
         super().__init__()
@@ -277,6 +278,7 @@ class StagedDecoder(Decoder):
     """
 
     requirement = "a staged (coarse-to-fine) decoder"
+    sampled_log_probs_train_all = False  # the last stage's words: earlier outputs in no term
     head: int
 
     @property

@@ -107,7 +107,7 @@ class HACap(Decoder):
     """HACap: an SRU WORKER with soft attention, led by an SRU MANAGER's goals in D's space."""
 
     Config = HACapConfig
-    find_unused_parameters = True  # SCST's loss trains the WORKER alone, not the MANAGER
+    sampled_log_probs_train_all = False  # SCST's loss trains the WORKER alone, not the MANAGER
 
     def __init__(self, config: HACapConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)

@@ -3,8 +3,8 @@
 An objective is chosen by name from the experiment file (``objective: {name:
 scst, samples: 5}``), with its own config dataclass. It declares what it needs
 of a decoder (``decoder_type``: C2F needs a :class:`StagedDecoder`) and of DDP
-(``find_unused_parameters``), which the experiment and the loop read; the loop
-never branches on its name.
+(:meth:`Objective.leaves_parameters_out`), which the experiment and the loop read; the
+loop never branches on its name.
 
 Per step the loop calls, in order::
 
@@ -86,7 +86,6 @@ class Objective:
     label: ClassVar[str]  # the Training column of the tables: XE, SCST, C2F
     family: ClassVar[str]  # the tables' block: cross-entropy, reinforcement, ...
     decoder_type: ClassVar[type] = Decoder  # what it needs of a decoder
-    find_unused_parameters: ClassVar[bool] = False  # DDP: the loss leaves some parameters out
 
     def __init__(self, config, setting: Setting):
         self.config, self.setting = config, setting
@@ -95,6 +94,12 @@ class Objective:
         """Called once with the decoder it will train, before any resume: an objective that
         trains a part of the decoder with its own optimiser (HACap's discriminator) makes it
         here, so that a checkpoint's optimiser state can be restored into it."""
+
+    def leaves_parameters_out(self, decoder: Decoder) -> bool:
+        """Whether this loss, as configured, leaves some of the parameters that ``decoder``'s
+        optimiser trains without a gradient. DDP must then look for them after every
+        forward (``find_unused_parameters``, a walk of the graph), which it otherwise skips."""
+        return False
 
     def loss(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
         """This rank's part of the global batch's loss, and its statistics."""

@@ -56,7 +56,9 @@ class CoarseToFine(RewardedObjective):
     label = "C2F"
     family = "reinforcement"
     decoder_type = StagedDecoder
-    find_unused_parameters = True  # the coarse stage's output layer is in no term (eq 11)
+
+    def leaves_parameters_out(self, decoder: StagedDecoder) -> bool:
+        return not self.config.coarse_term  # the coarse stage's output layer is in no term (eq 11)
 
     def loss(self, decoder: StagedDecoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()

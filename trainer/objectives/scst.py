@@ -107,6 +107,9 @@ class SelfCritical(RewardedObjective):
     label = "SCST"
     family = "reinforcement"
 
+    def leaves_parameters_out(self, decoder: Decoder) -> bool:
+        return not decoder.sampled_log_probs_train_all  # (HACap's MANAGER)
+
     def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()
         s, feats, mask = self.config.samples, batch.feats, batch.mask
