@@ -108,7 +108,7 @@ class SelfCritical(RewardedObjective):
     family = "reinforcement"
 
     def leaves_parameters_out(self, decoder: Decoder) -> bool:
-        return not decoder.sampled_log_probs_train_all  # (HACap's MANAGER)
+        return not decoder.sampled_log_probs_train_all  # HACap, Stack-Cap: see the decoders
 
     def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
         started = time.perf_counter()
