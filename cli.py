@@ -71,7 +71,7 @@ class KindsOption(click.Option):
     help is shown, from the registry)."""
 
     def get_help_record(self, ctx):
-        from pipeline.features.extract import EXTRACTORS
+        from pipeline.features.extract.kinds import EXTRACTORS
 
         self.help = self.help.split(" Kinds: ")[0] + " Kinds: " + "; ".join(
             f"{name}: {' '.join((EXTRACTORS.get(name).__doc__ or '').split())}"
@@ -236,7 +236,7 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size, caption_style, force):
 @click.option("--vocab-rule", type=NamesOf("pipeline.captions.vocab_rules:VOCAB_RULES"),
               default="capstack", show_default=True,
               help="Which words the vocabulary keeps: capstack's rule, or rtl, "
-                   "self-critical.pytorch's prepro_labels.py (pipeline/captions/vocab_rules.py).")
+                   "self-critical.pytorch's prepro_labels.py (pipeline/captions/vocab_rules/).")
 @click.option("--restval", type=NamesOf("pipeline.captions.prepare:RESTVAL"), default="train",
               show_default=True, help="COCO's restval images: train images, or dropped (the "
                                       "82,783 train images Show, Attend and Tell trains on).")
@@ -248,7 +248,7 @@ def shapes(out_dir, n_train, n_val, n_test, seed, size, caption_style, force):
 @force_output_option
 def prepare(dataset_json, out_dir, min_count, max_len, vocab_rule, restval, lemmatize, force):
     """Karpathy-format json -> vocabulary, captions HDF5, COCO-format references per split."""
-    from pipeline.captions.lemmatize import DEFAULT_LEMMATIZER
+    from pipeline.captions.lemmatizers import DEFAULT_LEMMATIZER
     from pipeline.captions.prepare import prepare_captions
 
     s = prepare_captions(dataset_json, out_dir, min_count=min_count, max_len=max_len,
@@ -309,7 +309,7 @@ def _report_job(result) -> None:
                    f"skipped {result.skipped} -> {result.store}")
 
 
-@stage_command("extract-grid", code="pipeline.features.extract.grid")
+@stage_command("extract-grid", code="pipeline.features.extract.kinds.grid")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--backbone", default="resnet101", show_default=True,
@@ -330,7 +330,7 @@ def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer,
                      workers, device, images_outside_root, nproc, **options):
     """Grid features (a stage's map: layer4, layer3, conv5_4; pooled to GRID x GRID), stored."""
     hand_over_to_torchrun(nproc)
-    from pipeline.features.extract.grid import GRID, extract_grid
+    from pipeline.features.extract.kinds.grid import GRID, extract_grid
 
     settings = GRID.settings(**given_options(options))  # backbone, weights, ..., layer, dtype
     _report_job(extract_grid(dataset_json, image_root, settings, out=out, root=features_root,
@@ -350,9 +350,9 @@ def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer,
 @click.option("--weights", default=None,
               help="bottom-up: its checkpoint (.pth, .pkl, .bin). Others: a detector (or, for "
                    "c4/c5, ResNet) state_dict, or 'random' [torchvision's cache].")
-@click.option("--weights-kind", type=NamesOf("pipeline.features.extract.regions:WEIGHT_KINDS"),
+@click.option("--weights-kind", type=NamesOf("pipeline.features.extract.kinds.regions:WEIGHT_KINDS"),
               default="auto", show_default=True, help="fpn/c4/c5 only.")
-@click.option("--boxes", type=NamesOf("pipeline.features.extract.region_extraction:BOXES"),
+@click.option("--boxes", type=NamesOf("pipeline.features.extract.kinds.region_base:BOXES"),
               default="detect", show_default=True,
               help="given: pool the boxes of the dataset json's 'boxes'.")
 @click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(1, MAX_BOXES))
@@ -452,7 +452,7 @@ def _key_values(pairs, option: str) -> dict[str, str]:
 
 @main.command("export-features")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.argument("layout", type=NamesOf("pipeline.features.interchange.exporter:WRITERS"))
+@click.argument("layout", type=NamesOf("pipeline.features.interchange.formats:WRITERS"))
 @click.argument("out", type=click.Path(path_type=Path))
 def export_features_cmd(store, layout, out):
     """Write STORE (or a pointer .json) in another toolkit's LAYOUT at OUT (a TSV file for
@@ -588,7 +588,7 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, np
 
     from pipeline.core.ranks import environment_ranks
     from trainer.config import load_experiment
-    from trainer.evaluation.metrics import java_missing
+    from trainer.scoring.text import java_missing
     from trainer.train import train
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -613,22 +613,26 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, np
 
 def _kept(select_on: str, best_score: float, best_cider: float) -> str:
     """``CIDEr 0.512``, or ``BLEU-4 0.301 (CIDEr 0.512)`` when kept on another score."""
-    from trainer.evaluation.validate import LABELS
-
     if select_on == "cider":
         return f"CIDEr {best_cider:.3f}"
-    return f"{LABELS[select_on]} {best_score:.3f} (CIDEr {best_cider:.3f})"
+    return f"{_label(select_on)} {best_score:.3f} (CIDEr {best_cider:.3f})"
+
+
+def _label(select_on: str) -> str:
+    """The name of the value ``train.select_on`` names (``bleu4`` -> ``BLEU-4``)."""
+    from trainer.scoring.metrics import selectable
+
+    return selectable()[select_on].label
 
 
 def _echo_epoch(e) -> None:
     """``epoch 3/8  loss 2.314  val CIDEr 0.512  best 0.512 (epoch 3)  41.2 s``; kept on
     BLEU-4: ``... val CIDEr 0.512  BLEU-4 0.301  best BLEU-4 0.305 (epoch 2)  41.2 s``"""
-    from trainer.evaluation.validate import LABELS
-
     loss = f"{e.loss:.3f}" if e.loss is not None else "n/a"
     best_at = f"epoch {e.best_epoch}" if e.best_epoch > 0 else "start"
+    label = _label(e.select_on)
     best = f"best {e.best_cider:.3f}" if e.select_on == "cider" else \
-        f"{LABELS[e.select_on]} {e.val_score:.3f}  best {LABELS[e.select_on]} {e.best_score:.3f}"
+        f"{label} {e.val_score:.3f}  best {label} {e.best_score:.3f}"
     click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {e.val_cider:.3f}  "
                f"{best} ({best_at})  {e.seconds:.1f} s")
 
@@ -694,7 +698,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
     eval: section says unless options override it; or score RESULTS --refs REFS."""
     from trainer.evaluation.evaluate import evaluate_checkpoint
-    from trainer.evaluation.metrics import score_files
+    from trainer.scoring.metrics import score_files
 
     if refs is not None:
         given = [name for name, value in (("--split", split), ("--beam", beam_size),

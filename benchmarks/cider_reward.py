@@ -27,7 +27,8 @@ from pycocoevalcap.cider.cider import Cider  # noqa: E402
 
 from pipeline.demo.shapes.captions import captions_for  # noqa: E402
 from pipeline.demo.shapes.scene import sample_scene  # noqa: E402
-from trainer.evaluation.metrics import load_references, load_results, simple_tokenize  # noqa: E402
+from trainer.scoring.references import load_references, load_results  # noqa: E402
+from trainer.scoring.text import simple_tokenize  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
 
 

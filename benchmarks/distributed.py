@@ -63,7 +63,7 @@ def prepare_training(folder: Path, steps: int) -> Path:
                          size=32)
     prepare_captions(folder / "shapes" / "dataset_shapes.json", folder / "prepared", min_count=1)
     rng = np.random.default_rng(0)
-    from pipeline.features.extract.region_extraction import region_schema
+    from pipeline.features.extract.kinds.region_base import region_schema
 
     meta = {**region_schema(2048, "float16").to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}

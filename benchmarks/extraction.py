@@ -47,7 +47,7 @@ from pipeline.core.ranks import pick_device  # noqa: E402
 from pipeline.features.stores import open_store  # noqa: E402
 from pipeline.vision.backbones import (load_resnet, resnet_body,  # noqa: E402
                                                  resolve_weights)
-from pipeline.features.extract.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
+from pipeline.features.extract.kinds.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
 from pipeline.features.extract.runner import autocast  # noqa: E402
 
 
@@ -209,7 +209,7 @@ def main() -> None:
 
 def use_autocast(name: str) -> None:
     """The pipeline's CUDA autocast in ``name`` (float16 is the pipeline's own) for this run."""
-    import pipeline.features.extract.grid as grid_module
+    import pipeline.features.extract.kinds.grid as grid_module
     import pipeline.features.extract.region_extraction as region_module
 
     dtype = getattr(torch, name)

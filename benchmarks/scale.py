@@ -69,7 +69,7 @@ batches            ``TrainBatches`` of 50 images x 5 captions, random order, one
 train_memory       what ``capstack train`` builds before its first step (``Run`` of
                    configs/coco/bottom_up/top_down.yaml on CPU, then its first batch): the
                    peak RSS is the figure (target <= 2 GB at 123k)
-scoring            ``score()`` of trainer/evaluation/metrics.py on the test split (5,000 images,
+scoring            ``score()`` of trainer/scoring/metrics/ on the test split (5,000 images,
                    25k references at 123k) with synthetic predictions: PTB tokenizer, BLEU,
                    METEOR (Java), ROUGE-L, CIDEr; SPICE off
 stores             ``capstack stores`` on the folder holding the store
@@ -321,7 +321,7 @@ def no_transform(image):
 def extract_store(w: Workload, out: Path):
     """Extraction's path (``run_job``) into ``out``, the model aside."""
     from pipeline.features.extract.job import Extraction, ExtractionJob, run_job
-    from pipeline.features.extract.region_extraction import region_schema
+    from pipeline.features.extract.kinds.region_base import region_schema
 
     extraction = Extraction(
         kind="regions", backbone="synthetic", settings={"extractor": "scale-benchmark"},
@@ -614,7 +614,7 @@ def predictions(w: Workload, image_ids) -> dict[int, str]:
 
 @cost("scoring", needs=("prepared",))
 def cost_scoring(w: Workload) -> dict:
-    from trainer.evaluation import metrics
+    from trainer.scoring import metrics
 
     references = metrics.load_references(w.prepared / "refs_test.json")
     candidates = predictions(w, sorted(references))

@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from pipeline.captions.prepared import Captions  # noqa: E402
 from pipeline.captions.vocab import Vocabulary  # noqa: E402
-from pipeline.features.extract.region_extraction import region_schema  # noqa: E402
+from pipeline.features.extract.kinds.region_base import region_schema  # noqa: E402
 from pipeline.features.stores import Record, Schema, create_writer, field  # noqa: E402
 from trainer.data import Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402

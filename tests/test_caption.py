@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pipeline.features.extract.grid import GridSettings, extract_grid
+from pipeline.features.extract.kinds.grid import GridSettings, extract_grid
 from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 from pipeline.vision.backbones import build_resnet
 from trainer.config import load_experiment

@@ -70,7 +70,8 @@ def test_cache_round_trip_and_errors(tmp_path):
 
 def test_cache_stage_command_builds_from_the_prepared_split(tmp_path, capstack):
     from pipeline.captions.prepared import load_captions
-    from trainer.evaluation.metrics import load_references, simple_tokenize
+    from trainer.scoring.references import load_references
+    from trainer.scoring.text import simple_tokenize
     from trainer_fixtures import make_prepared
 
     _, prepared = make_prepared(tmp_path)

@@ -24,7 +24,7 @@ from pipeline.captions.prepared import load_captions
 from pipeline.core.ranks import Ranks
 from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.engine.torchrun import without_option
-from pipeline.features.extract.grid import GridSettings, extract_grid
+from pipeline.features.extract.kinds.grid import GridSettings, extract_grid
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
 from trainer.config import load_experiment

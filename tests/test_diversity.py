@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from trainer.evaluation import report as R
-from trainer.evaluation.diversity import distinct_n, diversity, ngrams
+from trainer.scoring.metrics.diversity import distinct_n, diversity, ngrams
 
 # 4 captions: one repeated, one empty (a beam can end at once)
 CAPTIONS = [["a", "dog", "runs"], ["a", "dog", "runs"], ["a", "cat"], []]
@@ -62,8 +62,8 @@ def test_report_keeps_its_columns_with_diversity_in_metrics_json(tmp_path):
     assert R.load_metrics_file(path) == ("hacap", metrics)
     csv_path, md_path = R.write_report([path], tmp_path / "out")
     frame = pd.read_csv(csv_path, keep_default_na=False)
-    assert list(frame.columns) == R.COLUMNS
+    assert list(frame.columns) == R.columns()
     assert frame.loc[0, "CIDEr"] == 113.5
     text = md_path.read_text()
-    assert text.splitlines()[0] == "| " + " | ".join(R.COLUMNS) + " |"
+    assert text.splitlines()[0] == "| " + " | ".join(R.columns()) + " |"
     assert "distinct" not in text and "vocab_used" not in text

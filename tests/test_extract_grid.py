@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.core.errors import CapstackError
 from pipeline.demo.shapes import write_shapes_dataset
-from pipeline.features.extract.grid import GridSettings, extract_grid
+from pipeline.features.extract.kinds.grid import GridSettings, extract_grid
 from pipeline.features.stores import open_store
 from process_helpers import committed_records, wait_for
 

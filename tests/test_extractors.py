@@ -18,7 +18,7 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.demo.shapes import write_shapes_dataset
-from pipeline.features.extract import EXTRACTORS, kind_of, kinds_of, maker_of
+from pipeline.features.extract.kinds import EXTRACTORS, kind_of, kinds_of, maker_of
 from pipeline.features.extract.region_extraction import region_settings
 from pipeline.features.fingerprint import fingerprint, images_digest
 from pipeline.features.stores import open_store
@@ -147,7 +147,7 @@ def test_the_registry_lists_every_kind_each_with_its_own_settings():
 
 
 def test_the_cli_reads_its_lists_from_the_code():
-    from pipeline.features.interchange.exporter import WRITERS
+    from pipeline.features.interchange.formats import WRITERS
     from pipeline.features.stores import FORMATS
     from trainer.config import SPLITS
 
@@ -159,7 +159,7 @@ def test_the_cli_reads_its_lists_from_the_code():
     for command, name in [("extract-grid", "fmt"), ("extract-regions", "fmt"),
                           ("import-features", "store_format"), ("inspect", "fmt")]:
         assert choices(command, name) == tuple(FORMATS)
-    assert choices("export-features", "layout") == tuple(WRITERS)
+    assert choices("export-features", "layout") == tuple(WRITERS) == ("butd-tsv", "rtl-npz")
     assert choices("evaluate", "split") == tuple(SPLITS)
 
 
@@ -317,9 +317,9 @@ def test_older_stores_rebuild_from_their_recorded_settings(kind, inputs, capstac
 def test_first_format_stores_fill_their_kinds_settings():
     """tests/data/stores_v1: the flat settings the first stores recorded, as each kind's
     dataclass (what they lack at its default); the given-box regions are refused by name."""
-    from pipeline.features.extract.grid import GridSettings
+    from pipeline.features.extract.kinds.grid import GridSettings
     from pipeline.features.extract.rebuild import image_extractor
-    from pipeline.features.extract.regions import TorchvisionRegionSettings
+    from pipeline.features.extract.kinds.regions import TorchvisionRegionSettings
 
     v1 = ROOT / "tests" / "data" / "stores_v1"
     grid = open_store(v1 / "grid.lmdb").meta["producer"]

@@ -78,7 +78,7 @@ def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
 
 def test_verify_names_the_first_missing_image(tmp_path):
     from pipeline.demo.shapes import write_shapes_dataset
-    from pipeline.features.extract.grid import GridSettings, extract_grid
+    from pipeline.features.extract.kinds.grid import GridSettings, extract_grid
 
     small, big = tmp_path / "small", tmp_path / "big"
     write_shapes_dataset(small, n_train=3, n_val=0, n_test=0, seed=0, size=64)

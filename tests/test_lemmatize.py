@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import karpathy_image
-from pipeline.captions.lemmatize import build_lemmatizer
+from pipeline.captions.lemmatizers import build_lemmatizer
 from pipeline.captions.prepare import prepare_captions
 from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError

@@ -1,4 +1,4 @@
-"""trainer.evaluation.metrics and trainer.evaluation.report: real pycocoevalcap scorers, real Java where present."""
+"""trainer.scoring (tokenizing, references, the metrics registry) and trainer.evaluation.report: real pycocoevalcap scorers, real Java where present."""
 
 from __future__ import annotations
 
@@ -10,8 +10,16 @@ import pandas as pd
 import pytest
 
 from pipeline.core.errors import CapstackError
-from trainer.evaluation import metrics as M
 from trainer.evaluation import report as R
+from trainer.scoring import metrics as M
+from trainer.scoring import references as Refs
+from trainer.scoring import text as T
+from trainer.scoring.metrics import spice as S
+
+
+def cider(candidates, references) -> float:
+    """CIDEr-D of text tokenized already, as validation scores it."""
+    return M.score_tokenized(["cider"], candidates, references)["cider"]
 
 REFS = {
     1: ["A dog runs across the green grass.", "A brown dog running on a lawn."],
@@ -52,20 +60,20 @@ def perfect() -> dict:
 def no_java(monkeypatch, tmp_path):
     """PATH without java, so java_missing() reports it and nothing can start Java."""
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert M.java_missing() == "java not found"
+    assert T.java_missing() == "java not found"
 
 
 # ---------------------------------------------------------------- tokenizing
 
 def test_simple_tokenize_strips_punctuation_and_lowercases():
-    assert M.simple_tokenize('  A Dog, "running"!  On the GRASS... (left); ok? ') == \
+    assert T.simple_tokenize('  A Dog, "running"!  On the GRASS... (left); ok? ') == \
         "a dog running on the grass left ok"
-    assert M.simple_tokenize("A T-shirt -- red.") == "a t-shirt red"
+    assert T.simple_tokenize("A T-shirt -- red.") == "a t-shirt red"
 
 
 def test_tokenize_reports_its_tokenizer():
-    out, name = M.tokenize({7: ["A Dog.", "Two CATS!"]})
-    assert name == ("ptb" if M.java_missing() is None else "simple (java not found)")
+    out, name = T.tokenize({7: ["A Dog.", "Two CATS!"]})
+    assert name == ("ptb" if T.java_missing() is None else "simple (java not found)")
     assert out == {7: ["a dog", "two cats"]}
 
 
@@ -73,26 +81,26 @@ def test_tokenize_reports_its_tokenizer():
 
 def test_identical_captions_score_perfectly(perfect):
     m = perfect["metrics"]
-    assert set(m) == set(M.ALL_METRICS)
+    assert set(m) == set(M.value_names())
     for name in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L"):
         assert m[name] == pytest.approx(1.0, abs=1e-6), name
     assert m["CIDEr"] > 0
     assert perfect["images"] == len(PERFECT)
-    if M.java_missing():
+    if T.java_missing():
         pytest.skip("java not found: METEOR cannot be checked")
     assert perfect["tokenizer"] == "ptb"
     assert m["METEOR"] > 0.9
 
 
 def test_meteor_java_process_is_cleaned_up(perfect):
-    if M.java_missing() or not Path("/proc/self/stat").exists():
+    if T.java_missing() or not Path("/proc/self/stat").exists():
         pytest.skip("needs java and /proc")
     assert perfect["metrics"]["METEOR"] is not None
     assert _children() == set()
 
 
 def test_spice_is_unavailable_with_reason_never_a_number(perfect):
-    reason = M.spice_missing()
+    reason = S.spice_missing()
     if reason is None:
         pytest.skip("SPICE jars are installed on this machine")
     assert perfect["metrics"]["SPICE"] is None
@@ -102,8 +110,8 @@ def test_spice_is_unavailable_with_reason_never_a_number(perfect):
 
 
 def test_spice_missing_names_files_and_folder(monkeypatch, tmp_path):
-    monkeypatch.setattr(M, "_pkg_dir", lambda: tmp_path)
-    reason = M.spice_missing()
+    monkeypatch.setattr(S, "_pkg_dir", lambda: tmp_path)
+    reason = S.spice_missing()
     for name in ("spice-1.0.jar", "stanford-corenlp-3.6.0.jar",
                  "stanford-corenlp-3.6.0-models.jar"):
         assert name in reason
@@ -112,7 +120,7 @@ def test_spice_missing_names_files_and_folder(monkeypatch, tmp_path):
     for rel in ("spice/spice-1.0.jar", "spice/lib/stanford-corenlp-3.6.0.jar",
                 "spice/lib/stanford-corenlp-3.6.0-models.jar"):
         (tmp_path / rel).write_bytes(b"")
-    assert M.spice_missing() == (None if M.java_missing() is None else "java not found")
+    assert S.spice_missing() == (None if T.java_missing() is None else "java not found")
 
 
 def test_spice_not_requested(no_java):
@@ -164,7 +172,7 @@ def test_candidate_without_references_is_an_error():
     with pytest.raises(CapstackError, match="42"):
         M.score({1: "a dog", 42: "a cat"}, REFS)
     with pytest.raises(CapstackError, match="42"):
-        M.cider({42: "a cat"}, REFS)
+        cider({42: "a cat"}, REFS)
 
 
 def test_empty_candidates_is_an_error():
@@ -173,9 +181,9 @@ def test_empty_candidates_is_an_error():
 
 
 def test_cider_on_tokenized_text():
-    refs = {k: [M.simple_tokenize(c) for c in v] for k, v in REFS.items()}
-    perfect = M.cider({k: v[0] for k, v in refs.items()}, refs)
-    worse = M.cider({k: M.simple_tokenize(v) for k, v in WORSE.items()}, refs)
+    refs = {k: [T.simple_tokenize(c) for c in v] for k, v in REFS.items()}
+    perfect = cider({k: v[0] for k, v in refs.items()}, refs)
+    worse = cider({k: T.simple_tokenize(v) for k, v in WORSE.items()}, refs)
     assert isinstance(perfect, float)
     assert perfect > worse >= 0
 
@@ -197,14 +205,14 @@ def _write(path: Path, data) -> Path:
 def test_load_results_errors_name_the_file(tmp_path, content, problem):
     path = _write(tmp_path / "results.json", content)
     with pytest.raises(CapstackError) as err:
-        M.load_results(path)
+        Refs.load_results(path)
     assert str(path) in str(err.value)
     assert problem in str(err.value)
 
 
 def test_load_results_missing_file(tmp_path):
     with pytest.raises(CapstackError, match="not found"):
-        M.load_results(tmp_path / "nope.json")
+        Refs.load_results(tmp_path / "nope.json")
 
 
 def _refs_doc(refs: dict[int, list[str]]) -> dict:
@@ -222,7 +230,7 @@ def _refs_doc(refs: dict[int, list[str]]) -> dict:
 def test_load_references_errors_name_the_file(tmp_path, content, problem):
     path = _write(tmp_path / "refs_test.json", content)
     with pytest.raises(CapstackError) as err:
-        M.load_references(path)
+        Refs.load_references(path)
     assert str(path) in str(err.value)
     assert problem in str(err.value)
 
@@ -231,7 +239,7 @@ def test_score_files(tmp_path, no_java):
     results = _write(tmp_path / "results.json",
                      [{"image_id": k, "caption": c} for k, c in PERFECT.items()])
     refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))
-    assert M.load_references(refs) == REFS
+    assert Refs.load_references(refs) == REFS
     out = M.score_files(results, refs)
     assert out["results"] == str(results) and out["references"] == str(refs)
     assert out["images"] == len(PERFECT)
@@ -275,8 +283,8 @@ def test_max_refs_scores_against_each_images_first_references(tmp_path, no_java)
     from cli import main
 
     candidate = {7: SEVEN[7][5]}
-    assert M.first_references(SEVEN, 5) == {7: SEVEN[7][:5]}
-    assert M.first_references(SEVEN, 0) == SEVEN
+    assert Refs.first_references(SEVEN, 5) == {7: SEVEN[7][:5]}
+    assert Refs.first_references(SEVEN, 0) == SEVEN
     every, first6, first5 = (M.score(candidate, SEVEN, spice=False, max_refs=n)
                              for n in (0, 6, 5))
     assert every["metrics"]["BLEU-4"] == pytest.approx(1.0, abs=1e-6)
@@ -309,7 +317,7 @@ SCORED = {"BLEU-1": 0.7512, "BLEU-2": 0.5, "BLEU-3": 0.45, "BLEU-4": 0.362,
 
 def test_metrics_table_percent_one_decimal_and_na():
     table = R.metrics_table([("Up-Down", SCORED), ("Plain", dict(SCORED, METEOR=None))])
-    assert list(table.columns) == R.COLUMNS
+    assert list(table.columns) == R.columns()
     first = table.iloc[0]
     assert first["Approach"] == "Up-Down"
     assert (first["B@1"], first["B@4"], first["CIDEr"], first["METEOR"]) == (75.1, 36.2, 113.5,
@@ -332,14 +340,14 @@ def test_write_report(tmp_path):
     assert csv_path == tmp_path / "out" / "report" / "metrics.csv"
 
     frame = pd.read_csv(csv_path)
-    assert list(frame.columns) == R.COLUMNS
+    assert list(frame.columns) == R.columns()
     assert list(frame["Approach"]) == ["Up-Down", "Plain | grid"]
     assert frame.loc[0, "B@4"] == 36.2 and frame.loc[0, "CIDEr"] == 113.5
     assert pd.read_csv(csv_path, keep_default_na=False).loc[0, "SPICE"] == "n/a"
 
     lines = md_path.read_text().splitlines()
-    assert lines[0] == "| " + " | ".join(R.COLUMNS) + " |"
-    assert lines[1] == "|" + "---|" * len(R.COLUMNS)
+    assert lines[0] == "| " + " | ".join(R.columns()) + " |"
+    assert lines[1] == "|" + "---|" * len(R.columns())
     assert lines[2].startswith("| Up-Down |  | 75.1 | 50.0 | 45.0 | 36.2 | 27.8 | 56.5 | 113.5 | n/a |")
     assert "Plain \\| grid" in lines[3]
     assert [ln for ln in lines if ln.startswith("SPICE:")] == [f"SPICE: n/a — {spice_reason}"]
@@ -391,14 +399,14 @@ def test_load_metrics_file(tmp_path):
 def test_write_report_real_scores(tmp_path, perfect):
     path = _write(tmp_path / "metrics.json", dict(perfect, approach="copy-refs"))
     csv_path, md_path = R.write_report([path], tmp_path)
-    assert list(pd.read_csv(csv_path).columns) == R.COLUMNS
+    assert list(pd.read_csv(csv_path).columns) == R.columns()
     if perfect["metrics"]["SPICE"] is None:
         assert "SPICE: n/a — " in md_path.read_text()
 
 
 def test_meteor_failing_mid_score_does_not_hang_or_leak(monkeypatch):
     """compute_score raising while it holds METEOR's lock: None + reason, Java stopped."""
-    if M.java_missing() or not Path("/proc/self/stat").exists():
+    if T.java_missing() or not Path("/proc/self/stat").exists():
         pytest.skip("needs java and /proc")
     from pycocoevalcap.meteor.meteor import Meteor
 
@@ -423,7 +431,7 @@ def test_a_line_breaker_inside_a_caption_scores_as_a_space():
     later caption was scored against another image's references (CIDEr 318.9 -> 35.3). Each
     breaker here sits in one candidate and in one reference; without the fix, '\\r', U+2028,
     U+2029 and '|||' each changed the scores."""
-    if M.java_missing():
+    if T.java_missing():
         pytest.skip("java: the PTB tokenizer and METEOR are what this guards")
     words = ["a red circle", "two blue squares", "a green triangle", "one small star",
              "a big yellow circle", "three red dots", "a purple square", "an orange ring",

@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.core.errors import CapstackError
 from pipeline.demo.shapes import write_shapes_dataset
-from pipeline.features.extract.region_extraction import RegionSettings, extract_regions, given_boxes
+from pipeline.features.extract.kinds.region_base import given_boxes
+from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 from pipeline.features.stores import open_store
 
 GIVEN = RegionSettings(arch="c5", backbone="resnet18", weights="random", boxes="given",

@@ -12,7 +12,7 @@ from torchvision.ops import roi_align
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.detectors.selection import select_regions
-from pipeline.features.extract.regions import (RegionFeatureExtractor, build_detector,
+from pipeline.features.extract.kinds.regions import (RegionFeatureExtractor, build_detector,
                                                load_detector_weights)
 
 MIN_SIZE, MAX_SIZE = 128, 160

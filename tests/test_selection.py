@@ -8,15 +8,14 @@ then known beforehand, whatever the tiny decoder learns.
 from __future__ import annotations
 
 import json
-import typing
-
 import pytest
 
 from pipeline.captions.prepared import load_captions
 from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.config import TrainConfig, load_experiment
-from trainer.evaluation import validate as validation
+from pipeline.core.errors import CapstackError
+from trainer.config import load_experiment
 from trainer.evaluation.evaluate import evaluate_checkpoint
+from trainer.scoring.metrics import selectable
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
@@ -72,9 +71,14 @@ def test_best_pt_is_the_epoch_with_the_best_score_select_on_names(data, tmp_path
     assert logged == [sorted({"cider", select_on})] * 3  # BLEU-4 scored only when kept on it
 
 
-def test_the_choices_of_select_on_are_the_validation_scores():
-    hint = typing.get_type_hints(TrainConfig)["select_on"]
-    assert typing.get_args(hint) == tuple(validation.SCORES) == tuple(validation.LABELS)
+def test_the_choices_of_select_on_are_the_values_the_metrics_score_each_epoch(tmp_path):
+    assert {"cider", "bleu4", "bleu1", "rouge_l"} <= set(selectable())
+    assert not {"meteor", "spice"} & set(selectable())  # Java: not every epoch
+    assert selectable()["bleu4"].label == "BLEU-4" and selectable()["cider"].label == "CIDEr"
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions="p",
+                            features=["f"], select_on="spice")
+    with pytest.raises(CapstackError, match=r"train.select_on: expected one of .*bleu4.*cider"):
+        load_experiment(path)
 
 
 def test_a_run_stops_after_early_stop_patience_epochs_without_a_better_one(data, tmp_path,

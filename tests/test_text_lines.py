@@ -23,15 +23,18 @@ from pipeline.captions.prepare import prepare_captions
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocabulary
 from pipeline.features.interchange.exporter import export_features
 from pipeline.features.stores import open_store
-from trainer.evaluation import metrics as M
 from trainer.evaluation import report as R
+from trainer.scoring import metrics as M
+from trainer.scoring import text as T
+from trainer.scoring.metrics.base import Texts
+from trainer.scoring.metrics.meteor import Meteor
 from trainer_fixtures import write_feature_store
 
 # every character Python's str.splitlines() or Java's readers end a line at, and METEOR's separator
 BREAKERS = ["\r", "\n", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028",
             "\u2029", " ||| "]
 
-needs_java = pytest.mark.skipif(M.java_missing() is not None,
+needs_java = pytest.mark.skipif(T.java_missing() is not None,
                                 reason="java: the PTB tokenizer and METEOR are what this guards")
 
 
@@ -45,10 +48,10 @@ def test_ptb_lines_out_are_checked_against_lines_in(monkeypatch):
     disabled, as if Java ended a line at a character capstack did not know of: before, 'ptb' with
     every caption after image 0 shifted; now the tokenizer's shift is caught (an end marker
     caption must come back last and whole) and the simple tokenizer scores instead."""
-    monkeypatch.setattr(M, "one_line", lambda text: text)
+    monkeypatch.setattr(T, "one_line", lambda text: text)
     captions = {0: ["a red\rcircle"], 1: ["two blue squares"], 2: ["a green star"],
                 3: ["one small ring"]}
-    out, tokenizer = M._tokenize_any(captions)
+    out, tokenizer = T.tokenize_any(captions)
     assert out == {0: ["a red circle"], 1: ["two blue squares"], 2: ["a green star"],
                    3: ["one small ring"]}
     assert tokenizer.startswith("simple (ptb failed: ") and "lines" in tokenizer
@@ -58,7 +61,7 @@ def test_ptb_lines_out_are_checked_against_lines_in(monkeypatch):
 def test_ptb_keeps_one_line_per_caption_with_every_breaker():
     captions = {i: [f"a{b}red circle"] for i, b in enumerate(BREAKERS)}
     captions[len(BREAKERS)] = ["the last one"]
-    out, tokenizer = M.tokenize(captions)
+    out, tokenizer = T.tokenize(captions)
     assert tokenizer == "ptb"
     assert out == {**{i: ["a red circle"] for i in range(len(BREAKERS))},
                    len(BREAKERS): ["the last one"]}
@@ -67,18 +70,19 @@ def test_ptb_keeps_one_line_per_caption_with_every_breaker():
 @needs_java
 def test_meteor_is_handed_one_line_per_caption_whatever_it_is_given():
     """METEOR reads ``SCORE ||| ref ||| ... ||| hypothesis`` lines on stdin. Handed text with a
-    ``|||`` (one reference read as two) or a line break (the protocol out of step), _meteor gave
+    ``|||`` (one reference read as two) or a line break (the protocol out of step), METEOR gave
     0.576 instead of 1.0, or ``ValueError: could not convert string to float: b'2.0 2.0 ...'``
-    (METEOR None). Now _meteor puts every caption on one line itself, whatever calls it."""
+    (METEOR None). Now the METEOR metric puts every caption on one line itself, whatever calls it."""
     refs = {1: ["a red circle", "a circle"], 2: ["two blue squares", "blue squares"],
             3: ["a star", "one star"]}
     res = {1: ["a red circle"], 2: ["two blue squares"], 3: ["a star"]}
-    clean = M._meteor(refs, res)
+    clean = Meteor().compute(Texts(refs, res, {}))
     assert clean == [pytest.approx(1.0)]
     for breaker in BREAKERS:
         broken_refs = {**refs, 1: [f"a red{breaker}circle", "a circle"]}
         broken_res = {**res, 2: [f"two blue{breaker}squares"]}
-        assert M._meteor(broken_refs, broken_res) == pytest.approx(clean), repr(breaker)
+        broken = Meteor().compute(Texts(broken_refs, broken_res, {}))
+        assert broken == pytest.approx(clean), repr(breaker)
 
 
 @needs_java
@@ -109,7 +113,7 @@ def test_what_score_writes_to_meteor_stdin(monkeypatch):
 # ---------------------------------------------------------------- A: the report's tables
 
 def _metrics_file(path: Path, approach: str, training: str = "XE", **unavailable) -> Path:
-    metrics = {name: 0.5 for name in M.ALL_METRICS}
+    metrics = {name: 0.5 for name in M.value_names()}
     metrics.update({name: None for name in unavailable})
     path.write_text(json.dumps({"approach": approach, "training": training,
                                 "family": "cross-entropy", "metrics": metrics,
@@ -140,7 +144,7 @@ def test_report_rows_stay_one_line_each(tmp_path):
     md_lines = md_path.read_text(encoding="utf-8").splitlines()
     rows = [line for line in md_lines if line.startswith("| ")]
     assert len(rows) == 1 + len(files)  # header + one per file
-    assert all(line.endswith(" |") and line.count(" | ") == len(R.COLUMNS) - 1 for line in rows)
+    assert all(line.endswith(" |") and line.count(" | ") == len(R.columns()) - 1 for line in rows)
     assert "SPICE: n/a — jar missing here" in md_lines
 
 

@@ -57,6 +57,7 @@ from trainer.components import Component, component, file_form
 from trainer.decoders import DECODERS
 from trainer.objectives import OBJECTIVES
 from trainer.optimizers import OPTIMIZERS
+from trainer.scoring.metrics import selectable
 
 SPLITS = ("train", "val", "test")
 
@@ -85,7 +86,7 @@ class TrainConfig:
     lr_decay_every: int = bounded(0, 0, MAX_EPOCHS)  # epochs; 0 keeps lr constant
     lr_decay_rate: float = bounded(0.8, above=0, high=1)
     # trainer/selection.py: what best.pt keeps, and what epochs without a better one do
-    select_on: Literal["cider", "bleu4"] = "cider"  # the greedy validation score best.pt keeps
+    select_on: str = "cider"  # the greedy validation score best.pt keeps: a metric's key
     lr_decay_patience: int = bounded(0, 0, MAX_EPOCHS)  # lr x lr_decay_rate each N such; 0: never
     early_stop_patience: int = bounded(0, 0, MAX_EPOCHS)  # stop after N such epochs; 0: never
     checkpoint_every: int = bounded(0, 0, MAX_STEPS)  # steps; 0: at the end of each epoch only
@@ -103,6 +104,10 @@ class TrainConfig:
     def check(self):
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
             yield f"device: unknown device {self.device!r} (auto, cpu, cuda, cuda:N, mps)"
+        choices = selectable()
+        if self.select_on not in choices:
+            yield (f"select_on: expected one of {', '.join(choices)} (the values a metric of "
+                   f"trainer/scoring/metrics/ scores each epoch), got {self.select_on!r}")
 
 
 @dataclass

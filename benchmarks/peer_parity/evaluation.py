@@ -4,7 +4,7 @@ The peer's own function runs (a subprocess of this interpreter, in a scratch fol
 out as it expects: ``coco-caption/annotations/captions_val2014.json``, ``eval_results/``)
 with its ``coco-caption`` submodule (ruotianluo's fork of the COCO caption evaluation:
 its PTB tokenizer, BLEU, METEOR, ROUGE-L, CIDEr) first on the path. capstack scores the
-same captions against the same references with ``trainer.evaluation.metrics.score``.
+same captions against the same references with ``trainer.scoring.metrics.score``.
 Compared: BLEU-1..4, METEOR, ROUGE-L and CIDEr, each to 1e-9.
 
 Two of the fork's scorers cannot run here, and get stand-ins that score NaN, so that the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.peer_parity import Difference
 
-from trainer.evaluation.metrics import score
+from trainer.scoring.metrics import score
 
 BOUND = 1e-9
 PEER_NAMES = {"BLEU-1": "Bleu_1", "BLEU-2": "Bleu_2", "BLEU-3": "Bleu_3", "BLEU-4": "Bleu_4",

@@ -5,8 +5,8 @@ Why: HACap (docs/hacap.md) lemmatises its Flickr8k captions (the paper's "offici
 regularizations"), so ``configs/flickr8k.yaml``'s ``prepare_hacap`` stage passes ``--lemmatize``.
 Plural and inflected forms become one word, so the vocabulary is smaller or equal.
 
-A lemmatiser is registered by name in :data:`LEMMATIZERS`; ``simplemma`` (the PyPI package of
-that name) is the only one and the default. It works offline: its English dictionaries ship
+A lemmatiser is registered by name in ``LEMMATIZERS`` (``lemmatizers/``, one file each);
+``simplemma`` (the PyPI package of that name) is the only one and the default. It works offline: its English dictionaries ship
 with it. What it does to a dataset (:func:`lemmatize_dataset`):
 
 - each tokenised word is lemmatised on its own (language ``en``, no context), so the same word
@@ -25,76 +25,17 @@ with it. What it does to a dataset (:func:`lemmatize_dataset`):
 The prepared folder records the lemmatiser and its installed version (``captions.h5``
 attributes ``lemmatizer`` and ``lemmatizer_version``, ``summary.json``'s ``lemmatizer``, each
 ``refs_{split}.json``'s ``info.lemmatizer``), so its checksums change with either. The stage
-engine counts the installed version of each distribution named in :data:`CODE_DISTRIBUTIONS`
-as part of ``capstack prepare``'s code version (pipeline/engine/codeversion.py): upgrading
+engine counts the installed version of each distribution a lemmatiser's file names in
+``CODE_DISTRIBUTIONS`` as part of ``capstack prepare``'s code version (pipeline/engine/codeversion.py): upgrading
 simplemma makes a prepare stage stale.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-from dataclasses import dataclass
-from typing import Callable
 
 from pipeline.captions.karpathy import KarpathyDataset
-from pipeline.core.errors import CapstackError
-from pipeline.core.registry import Registry
-from pipeline.core.tokens import SPECIALS
-
-# Installed distributions whose version is part of the code version of every stage whose code
-# imports this module (read, not imported, by pipeline/engine/codeversion.py: keep it a literal).
-CODE_DISTRIBUTIONS = ("simplemma",)
-LEMMATIZERS = Registry("lemmatizer")
-DEFAULT_LEMMATIZER = "simplemma"
-SIMPLEMMA_RANGE = "simplemma>=2.0,<3"  # pyproject.toml's range
-
-
-@dataclass(frozen=True)
-class Lemmatizer:
-    name: str  # its name in LEMMATIZERS
-    version: str  # the installed version of the package that does the work
-    lemma: Callable[[str], str]  # one lowercase word -> its lemma (itself when unknown)
-
-    def record(self) -> dict[str, str]:
-        """What the prepared folder records of it."""
-        return {"name": self.name, "version": self.version}
-
-
-def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (importlib.metadata), None when absent."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def build_lemmatizer(name: str) -> Lemmatizer:
-    """The registered lemmatiser ``name``, its package imported and its version read."""
-    return LEMMATIZERS.get(name)()
-
-
-@LEMMATIZERS.register("simplemma")
-def simplemma_english() -> Lemmatizer:
-    """simplemma's English dictionaries, word by word (PyPI simplemma, offline)."""
-    how = (f"install it into capstack's environment: pip install '{SIMPLEMMA_RANGE}' "
-           f"(or `make install`, which installs the pinned version)")
-    try:
-        import simplemma
-    except ImportError:
-        raise CapstackError(f"prepare --lemmatize: the simplemma package is not installed; "
-                            f"{how}") from None
-    version = installed_version("simplemma")
-    if version is None:
-        raise CapstackError(f"prepare --lemmatize: simplemma imports but has no installed "
-                            f"version to record (not installed by pip?); {how}")
-
-    def lemma(word: str) -> str:
-        if not word or word in SPECIALS or not simplemma.is_known(word, lang="en"):
-            return word
-        return simplemma.lemmatize(word, lang="en").lower()
-
-    return Lemmatizer("simplemma", version, lemma)
+from pipeline.captions.lemmatizers import Lemmatizer
 
 
 def lemmatize_dataset(dataset: KarpathyDataset, lemmatizer: Lemmatizer) -> KarpathyDataset:

@@ -4,7 +4,7 @@
 
 ``vocab.json``
     :class:`pipeline.captions.vocab.Vocabulary`, its words chosen by the vocabulary rule
-    (pipeline/captions/vocab_rules.py; by default the train split's, ``restval`` counting
+    (pipeline/captions/vocab_rules/; by default the train split's, ``restval`` counting
     as train). With ``restval="drop"`` the restval images are left out of every file.
 ``captions.h5``
     images in the json's order, captions in each image's order:
@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
-from pipeline.captions.lemmatize import build_lemmatizer, lemmatize_dataset
+from pipeline.captions.lemmatize import lemmatize_dataset
+from pipeline.captions.lemmatizers import build_lemmatizer
 from pipeline.captions.prepared import SPLIT_CODES, write_checksums
 from pipeline.captions.vocab import UNK_ID, Vocabulary
 from pipeline.captions.vocab_rules import DEFAULT_RULE, VOCAB_RULES
@@ -66,7 +67,7 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
                      force: bool = False) -> dict:
     """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts.
 
-    ``lemmatizer`` (a name in lemmatize.py's LEMMATIZERS, None for none) lemmatises every
+    ``lemmatizer`` (a name in LEMMATIZERS, pipeline/captions/lemmatizers/, None for none) lemmatises every
     caption word before the vocabulary is chosen, and the references with the same lemmas.
     An existing ``out_dir`` that capstack did not write is refused unless ``force``."""
     if min_count < 1:

@@ -2,7 +2,7 @@
 
 ``<pad>`` = 0 pads label rows, ``<bos>`` = 1 starts decoding, ``<eos>`` = 2 ends
 a caption, ``<unk>`` = 3 stands for every word the vocabulary does not keep. Which words
-it keeps, and in which order, is its rule's (pipeline/captions/vocab_rules.py: by default
+it keeps, and in which order, is its rule's (pipeline/captions/vocab_rules/: by default
 the train split's words seen at least ``min_count`` times, by count, ties alphabetical), so
 the same captions always give the same ids.
 
@@ -35,7 +35,7 @@ class Vocabulary:
         self.wtoi = {w: i for i, w in enumerate(self.itow)}
         self.counts = dict(counts or {})
         self.min_count = min_count
-        self.rule = rule  # the vocabulary rule that chose the words (vocab_rules.py)
+        self.rule = rule  # the vocabulary rule that chose the words (vocab_rules/)
 
     def __len__(self) -> int:
         return len(self.itow)

@@ -154,15 +154,30 @@ class HashCache:
 
     # -- hashing -------------------------------------------------------------
     def _file_md5(self, abspath: str, st: os.stat_result, progress: Progress = None) -> str:
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        known = self._fresh.get(abspath) or self._known.get(abspath)
-        if known and known[:3] == key:
-            if progress:
-                progress(st.st_size)
+        return self._cached(abspath, abspath, st, lambda: md5_of_file(abspath, progress),
+                            (lambda: progress(st.st_size)) if progress else None)
+
+    def _cached(self, key: str, abspath: str, st: os.stat_result, compute: Callable[[], str],
+                on_hit: Callable[[], None] | None = None) -> str:
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._fresh.get(key) or self._known.get(key)
+        if known and known[:3] == stamp:
+            if on_hit:
+                on_hit()
             return known[3]
-        md5 = md5_of_file(abspath, progress)
-        self._fresh[abspath] = (*key, md5)
-        return md5
+        value = compute()
+        self._fresh[key] = (*stamp, value)
+        return value
+
+    def derived(self, path: str | os.PathLike, name: str, compute: Callable[[Path], str]) -> str:
+        """``compute(path)``, a digest of a regular file's content other than its md5 (``name``
+        says which: a code digest ignoring comments), remembered like its md5 while the file is
+        unchanged."""
+        abspath = os.path.abspath(path)
+        st = os.stat(abspath)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(errno.EINVAL, "not a regular file", abspath)
+        return self._cached(f"{name}\0{abspath}", abspath, st, lambda: compute(Path(abspath)))
 
     def file_md5(self, path: str | os.PathLike) -> str:
         """The md5 of a regular file; :class:`NotARegularFile` for anything else (a FIFO or a

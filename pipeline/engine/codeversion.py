@@ -1,15 +1,28 @@
-"""The version of the code a stage runs: the source files its command imports.
+"""The version of the code a stage runs: the source files its command can load.
 
 A stage's command is implemented by one module (``pipeline.captions.prepare`` for
 ``capstack prepare``). Its code version is the set of project source files that
-module reaches through imports, found by reading ``import`` statements (no code
-is imported or run, so checking a stage never pays for importing torch).
+module reaches, found by reading the source (no code is imported or run, so
+checking a stage never pays for importing torch):
+
+- every ``import`` / ``from ... import`` statement, at any depth of the file;
+- every module of a plug package: a package whose ``__init__`` calls the one
+  discovery helper, ``import_modules(__name__, __path__)``
+  (pipeline/core/registry.py), loads every module in its folder at run time, so
+  all of them are part of the version of any command that imports the package.
+  Plug packages load their modules through that helper and no other way
+  (tests/test_registries.py holds every registry to it), which is what keeps
+  this rule from drifting from what a process really loads.
+
 Editing any of those files makes the stage stale; editing an unrelated module
-does not.
+does not. What counts is a file's code, not its text: each file's digest
+(:func:`code_digest`) is taken over its syntax tree without comments, layout
+or docstrings, so an edit to those alone leaves the stage up to date, while any
+change to executable code, a default value included, makes it stale.
 
 A code file may also name installed distributions whose version is part of the
 code version, as a top-level literal ``CODE_DISTRIBUTIONS = ("simplemma",)``
-(pipeline/captions/lemmatize.py: a lemmatiser's new dictionaries give other
+(pipeline/captions/lemmatizers/simplemma_english.py: a lemmatiser's new dictionaries give other
 lemmas). Installing another version of one, or removing it, makes the stage stale;
 other libraries' versions are not tracked.
 """
@@ -17,13 +30,20 @@ other libraries' versions are not tracked.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.metadata
+import os
+import pkgutil
 from functools import lru_cache
 from pathlib import Path
+
+from pipeline.core.registry import import_modules
 
 PROJECT_PACKAGES = ("pipeline", "trainer")
 DISTRIBUTIONS_NAME = "CODE_DISTRIBUTIONS"
 NOT_INSTALLED = "not installed"
+DISCOVERY_HELPER = import_modules.__name__
+CODE_RULE = "syntax tree without docstrings, registries followed"  # recorded in the lock
 
 
 def project_root() -> Path:
@@ -45,13 +65,30 @@ def _package_inits(root: Path, module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
+def _calls_discovery_helper(node: ast.AST) -> bool:
+    """Whether ``node`` is a call of :func:`~pipeline.core.registry.import_modules`."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return ((isinstance(func, ast.Name) and func.id == DISCOVERY_HELPER)
+            or (isinstance(func, ast.Attribute) and func.attr == DISCOVERY_HELPER))
+
+
+def _package_modules(path: Path, package: str) -> set[str]:
+    """Every module in the folder of the package whose ``__init__`` is ``path``."""
+    return {f"{package}.{m.name}" for m in pkgutil.iter_modules([str(path.parent)])}
+
+
 def _imported_modules(path: Path, module: str, is_package: bool) -> set[str]:
-    """Every module name an ``import``/``from ... import`` in ``path`` may load."""
+    """Every module name an ``import``/``from ... import`` in ``path`` may load, and, when
+    ``path`` is a package's ``__init__`` calling the discovery helper, its every module."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if is_package and _calls_discovery_helper(node):
+            found.update(_package_modules(path, module))
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -82,6 +119,36 @@ def code_files(module: str, root: Path | None = None) -> tuple[Path, ...]:
         todo.extend(_package_inits(root, name))
         todo.extend(_imported_modules(path, name, path.name == "__init__.py"))
     return tuple(sorted(set(seen.values())))
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    """``tree`` less the docstring of its module, classes and functions (in place)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:]
+    return tree
+
+
+def code_digest(path: str | Path) -> str:
+    """The md5 of a Python file's code: its syntax tree (``ast.dump``: no positions, so no
+    comments or layout) without docstrings. A file that does not parse is digested by its
+    bytes, so that it still changes the version (and the command will say what is wrong).
+    Remembered in the process while the file's inode, mtime and size are unchanged."""
+    st = os.stat(path)
+    return _code_digest(os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4096)
+def _code_digest(path: str, inode: int, mtime_ns: int, size: int) -> str:
+    data = Path(path).read_bytes()
+    try:
+        tree = ast.parse(data, filename=str(path))
+    except (SyntaxError, ValueError):
+        return hashlib.md5(b"unparsed\0" + data).hexdigest()
+    return hashlib.md5(ast.dump(_without_docstrings(tree)).encode()).hexdigest()
 
 
 def _declared_distributions(path: Path) -> set[str]:

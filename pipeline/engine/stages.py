@@ -17,9 +17,9 @@ rename them when complete; the engine writes the lock entry only after the
 command succeeded and every out exists and was hashed, so a stage killed or
 failed half way is never recorded as done.
 
-Only a capstack command has a code version (the source files its module
-imports, and the installed version of a distribution one of them names in
-``CODE_DISTRIBUTIONS``: codeversion.py). Another program's code is what the stage
+Only a capstack command has a code version (the code of the source files its
+module imports or its plug packages load, and the installed version of a
+distribution one of them names in ``CODE_DISTRIBUTIONS``: codeversion.py). Another program's code is what the stage
 lists among its deps.
 """
 
@@ -44,8 +44,8 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
 from pipeline.core.runlock import exclusive_run, waiting_lock
-from pipeline.engine.codeversion import (code_distributions, code_files, distribution_versions,
-                                         project_root)
+from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
+                                         distribution_versions, project_root)
 from pipeline.engine.stagefile import Stage, StagesFile
 
 UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
@@ -165,7 +165,7 @@ class Pipeline:
         root = project_root()
         module = self.commands[stage.command]
         return {**{str(f.relative_to(root) if f.is_relative_to(root) else f):
-                   self._hashes.file_md5(f) for f in code_files(module)},
+                   self._hashes.derived(f, "code", code_digest) for f in code_files(module)},
                 **distribution_versions(code_distributions(module))}
 
     def _digests(self, paths: Iterable[str]) -> dict[str, dict | None]:
@@ -187,7 +187,11 @@ class Pipeline:
         if record.get("cmd") != stage.cmd_template or record.get("shell", False) != stage.shell:
             reasons.append("cmd changed")
         reasons += _param_changes(record.get("params") or {}, stage.params)
-        reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
+        if stage.command and record.get("code_rule") != CODE_RULE:
+            reasons.append("code version recorded by an older capstack, which did not follow "
+                           "registries")
+        else:
+            reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
         reasons += self._path_changes("dep", record.get("deps") or {}, stage.deps, "changed")
         reasons += self._path_changes("out", record.get("outs") or {}, stage.outs, "modified")
         self._hashes.save()
@@ -331,6 +335,7 @@ class Pipeline:
             "ran": stage.cmd,
             "params": stage.params,
             "code": code,
+            **({"code_rule": CODE_RULE} if stage.command else {}),
             "deps": deps,
             "outs": outs,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -4,7 +4,7 @@
 ``results_<split>.json`` (COCO results format), ``metrics.json`` (approach,
 metrics, the reason of every unavailable metric, tokenizer, checkpoint, and under
 ``"diversity"`` how varied the predicted captions are: distinct-1/2, vocabulary used,
-unique captions, mean length; see diversity.py),
+unique captions, mean length; trainer/scoring/metrics/),
 ``attention/<image id>.png`` for the first few images and ``curves.png``.
 """
 
@@ -24,11 +24,11 @@ from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, f
 from trainer.data import Features, covered, eval_batches
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
-from trainer.evaluation.diversity import diversity
 from trainer.evaluation.figures import training_curves
-from trainer.evaluation.metrics import load_references, score
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
+from trainer.scoring.metrics import score
+from trainer.scoring.references import load_references
 
 EVAL_BATCH = 50
 
@@ -76,7 +76,7 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                    max_refs=s.max_refs)
     metrics = {"approach": config.name, "objective": config.objective.name, **ckpt["table"],
                **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
-               "epoch": ckpt["best_epoch"] + 1, "diversity": diversity([p.words for p in preds])}
+               "epoch": ckpt["best_epoch"] + 1}
     write_json(out_dir / "metrics.json", metrics)
     if s.figures:
         pictures = Pictures(preds[:s.figures], vocab, features, captions, out_dir, dev, s.max_len)

@@ -18,18 +18,19 @@ import pandas as pd
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError, where
 from pipeline.core.jsonfile import read_json
-from trainer.evaluation.metrics import ALL_METRICS
+from trainer.scoring.metrics import table_columns
 
-COLUMNS = ["Approach", "Training", "B@1", "B@2", "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr",
-           "SPICE"]
+LABEL_COLUMNS = ["Approach", "Training"]
 NA = "n/a"
-METRIC_COLUMNS = COLUMNS[2:]
 FAMILIES = {"cross-entropy": "Cross-entropy training",  # an objective's family -> its block
             "reinforcement": "Reinforcement with CIDEr-D rewards",
             "": "Training not recorded"}
 
-# table column -> metric name in score()'s "metrics" dict
-_METRIC_OF = dict(zip(METRIC_COLUMNS, ALL_METRICS))
+
+
+def columns() -> list[str]:
+    """The table's columns: the labels, then each registered metric's (trainer/scoring/metrics/)."""
+    return LABEL_COLUMNS + [column for column, _ in table_columns()]
 
 
 def _percent(value: Any) -> float | str:
@@ -52,17 +53,20 @@ def one_line(text: Any) -> str:
 
 
 def metrics_table(rows: list[tuple]) -> pd.DataFrame:
-    """One row per (approach, score()["metrics"][, training[, family]]); columns exactly COLUMNS.
+    """One row per (approach, score()["metrics"][, training[, family]]); columns exactly
+    :func:`columns`.
 
     Rows are ordered block by block (cross-entropy, then reinforcement, ...), in the given
     order within a block; ``table.attrs["families"]`` holds each row's family. Approach and
     training labels are put on one line (:func:`one_line`).
     """
+    shown = table_columns()
     rows = sorted([(approach, metrics, *(list(rest) + ["", ""])[:2])
                    for approach, metrics, *rest in rows], key=lambda r: _block_order(r[3]))
     table = pd.DataFrame([[one_line(approach), one_line(training)]
-                          + [_percent(metrics.get(_METRIC_OF[c])) for c in METRIC_COLUMNS]
-                          for approach, metrics, training, _ in rows], columns=COLUMNS, dtype=object)
+                          + [_percent(metrics.get(value)) for _, value in shown]
+                          for approach, metrics, training, _ in rows], columns=columns(),
+                         dtype=object)
     table.attrs["families"] = [family for *_, family in rows]
     return table
 
@@ -104,16 +108,18 @@ def load_metrics_file(path: str | Path) -> tuple[str, dict]:
 
 
 def _unavailable_lines(docs: list[dict]) -> list[str]:
-    """One line per metric missing in any run, reasons deduplicated, in ALL_METRICS order."""
+    """One line per metric of the table missing in any run, reasons deduplicated, in the
+    table's order."""
+    names = [value for _, value in table_columns()]
     reasons: dict[str, list[str]] = {}
     for doc in docs:
-        for name in ALL_METRICS:
+        for name in names:
             if doc["metrics"].get(name) is None or name in doc.get("unavailable", {}):
                 reason = doc.get("unavailable", {}).get(name, "no value recorded")
                 if reason not in reasons.setdefault(name, []):
                     reasons[name].append(reason)
     return [f"{name}: {NA} — {'; '.join(reasons[name])}"
-            for name in ALL_METRICS if name in reasons]
+            for name in names if name in reasons]
 
 
 def _kept_start_lines(docs: list[dict]) -> list[str]:

@@ -1,5 +1,5 @@
-"""Validation during training: greedy captions of the val split, scored by CIDEr-D (and BLEU-4
-when a run keeps its best epoch on it, ``train.select_on``).
+"""Validation during training: greedy captions of the val split, scored by CIDEr-D (and the
+value a run keeps its best epoch on, ``train.select_on``: BLEU-4, ROUGE-L, ...).
 
 Tokenized in Python (``simple_tokenize``) so that an epoch's validation never
 waits for a Java start-up; the evaluation stage scores with the PTB tokenizer.
@@ -15,18 +15,19 @@ from pipeline.captions.prepared import Captions
 from pipeline.core.ranks import Ranks
 from trainer.data import Features, batches_of
 from trainer.decoders.base import Decoder
-from trainer.evaluation.metrics import bleu4, cider, load_references, simple_tokenize
 from trainer.evaluation.predict import predict
+from trainer.scoring.metrics import score_tokenized
+from trainer.scoring.references import load_references
+from trainer.scoring.text import simple_tokenize
 
 VAL_BATCH = 100
-SCORES = {"cider": cider, "bleu4": bleu4}  # the choices of train.select_on
-LABELS = {"cider": "CIDEr", "bleu4": "BLEU-4"}
 
 
 def validate(model: Decoder, captions: Captions, features: Features, device: torch.device, *,
              max_len: int = 16, limit: int = 0, split: str = "val", autocast=nullcontext,
              ranks: Ranks = Ranks(), scores: tuple[str, ...] = ("cider",)) -> dict[str, float]:
-    """The ``scores`` (names of :data:`SCORES`) of the greedy captions of the split's first
+    """The ``scores`` (``train.select_on``'s names: trainer.scoring.metrics.selectable) of the
+    greedy captions of the split's first
     ``limit`` images (all when 0).
 
     Under DDP each rank decodes its part of the images and every rank scores
@@ -41,4 +42,4 @@ def validate(model: Decoder, captions: Captions, features: Features, device: tor
     candidates = {image_id: caption for part in ranks.gather(
         {p.image_id: " ".join(p.words) for p in preds}) for image_id, caption in part.items()}
     refs = {i: [simple_tokenize(r) for r in references[i]] for i in candidates}
-    return {name: SCORES[name](candidates, refs) for name in scores}
+    return score_tokenized(scores, candidates, refs)

@@ -9,12 +9,9 @@ new file here. Its state is checkpointed and restored as the run's ``optimizer``
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 import torch
 
-from pipeline.core.registry import Registry
+from pipeline.core.registry import Registry, import_modules
 
 OPTIMIZERS = Registry("optimiser")
 
@@ -24,7 +21,6 @@ def build_optimizer(name: str, config, groups: list[dict], lr: float) -> torch.o
     return OPTIMIZERS.get(name).build(config, groups, lr)
 
 
-for _module in pkgutil.iter_modules(__path__):  # each registers itself
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)  # each registers itself
 
 __all__ = ["OPTIMIZERS", "build_optimizer"]

@@ -10,10 +10,7 @@ is (:func:`build_reward`).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from pipeline.core.registry import Registry
+from pipeline.core.registry import Registry, import_modules
 
 REWARDS = Registry("reward")
 
@@ -26,7 +23,6 @@ def build_reward(name: str, config, captions) -> "Reward":
 
 from trainer.rewards.base import Reward  # noqa: E402
 
-for _module in pkgutil.iter_modules(__path__):  # each registers itself (a mix builds others)
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)  # each registers itself (a mix builds others)
 
 __all__ = ["REWARDS", "Reward", "build_reward"]

@@ -26,7 +26,8 @@ from typing import ClassVar, Mapping, Sequence
 import numpy as np
 
 from pipeline.core.errors import CapstackError
-from trainer.evaluation.metrics import load_references, simple_tokenize
+from trainer.scoring.references import load_references
+from trainer.scoring.text import simple_tokenize
 
 
 class Reward:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.errors import CapstackError
-from trainer.evaluation.metrics import one_line
+from trainer.scoring.text import one_line
 from trainer.rewards import REWARDS
 from trainer.rewards.base import Reward, tokenized_references
 

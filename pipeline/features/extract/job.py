@@ -83,7 +83,7 @@ def extract(dataset_json: Path, image_root: Path, settings, *, out: Path | None 
             batch_size: int = 16, workers: int = 2, device: str | None = None,
             progress: bool = True, images_outside_root: bool = False) -> JobResult:
     """Extract (or reuse) the store of the registered kind whose ``settings`` these are."""
-    from pipeline.features.extract import kind_of  # the kinds, which import this module
+    from pipeline.features.extract.kinds import kind_of  # the kinds, which import this module
 
     dev = pick_device(device)
     extraction = kind_of(settings).prepare(settings, Path(dataset_json), dev)

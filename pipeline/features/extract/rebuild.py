@@ -18,7 +18,7 @@ import torch
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
-from pipeline.features.extract import EXTRACTORS, maker_of
+from pipeline.features.extract.kinds import EXTRACTORS, maker_of
 from pipeline.features.stores import Record
 from pipeline.vision.backbones import RANDOM
 from pipeline.vision.images import ImageDataset, collate_images

@@ -16,11 +16,8 @@ import shutil
 from pathlib import Path
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.interchange.formats.butd_tsv import ButdTsvWriter
-from pipeline.features.interchange.formats.rtl import RtlNpzWriter
+from pipeline.features.interchange.formats import WRITERS
 from pipeline.features.stores import open_store
-
-WRITERS = {"butd-tsv": ButdTsvWriter, "rtl-npz": RtlNpzWriter}  # layout -> its writer
 
 
 def export_features(store_path: Path, layout: str, out: Path, progress: bool = True) -> list[Path]:
@@ -29,15 +26,16 @@ def export_features(store_path: Path, layout: str, out: Path, progress: bool = T
 
     if layout not in WRITERS:
         raise CapstackError(f"export format {layout!r}: choose {', '.join(WRITERS)}")
+    Writer = WRITERS.get(layout)
     store = open_store(store_path)
-    targets = WRITERS[layout].targets(store, Path(out))
+    targets = Writer.targets(store, Path(out))
     for target in targets:
         if target.exists():
             raise CapstackError(f"{target}: already exists; export to another OUT")
     partials = [t.with_name(t.name + ".partial") for t in targets]
     for partial in partials:
         _remove(partial)
-    writer = WRITERS[layout](store, partials)
+    writer = Writer(store, partials)
     try:
         for image_id in tqdm(sorted(int(i) for i in store.ids()), desc=f"export {layout}",
                              unit="img", disable=not progress):

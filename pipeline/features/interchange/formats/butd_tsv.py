@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from pipeline.core.errors import CapstackError
-from pipeline.features.interchange.formats import FORMATS
+from pipeline.features.interchange.formats import FORMATS, WRITERS
 from pipeline.features.interchange.formats.base import FeatureFormat, Step, expand_folders
 from pipeline.features.interchange.formats.tsv import decode_array, integer, rows_of, tsv_steps
 from pipeline.features.stores import Record, StoreReader
@@ -89,6 +89,7 @@ class ButdTsv(FeatureFormat):
                 "columns": list(COLUMNS)}
 
 
+@WRITERS.register("butd-tsv")
 class ButdTsvWriter:
     """A store's region records as one BUTD TSV (``\\r\\n`` lines, as csv.DictWriter wrote them)."""
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
-from pipeline.features.interchange.formats import FORMATS
+from pipeline.features.interchange.formats import FORMATS, WRITERS
 from pipeline.features.interchange.formats.base import (BadRow, FeatureFormat, Step, bounded,
                                                         existing, open_regular, readable)
 from pipeline.features.interchange.formats.folder import folder_steps, listing
@@ -200,6 +200,7 @@ def _shown(value) -> str | None:
     return f"a {type(value).__name__} ({repr(value)[:60]})"
 
 
+@WRITERS.register("rtl-npz")
 class RtlNpzWriter:
     """A store as make_bu_data.py's folders: ``<out>_att/<id>.npz`` (``feat``; ``[k, k, D]``
     for a grid), ``<out>_fc/<id>.npy`` (the mean row), ``<out>_box/<id>.npy`` (if boxes)."""

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.features.extract import EXTRACTORS
+from pipeline.features.extract.kinds import EXTRACTORS
 from pipeline.features.extract.job import Extraction, JobResult, extract
-from pipeline.features.extract.kind import ExtractorKind
+from pipeline.features.extract.kinds.base import ExtractorKind
 from pipeline.features.extract.runner import BatchModel, autocast
 from pipeline.features.stores import Record, Schema, field
 from pipeline.vision.backbones import (Weights, checked_layer, grid_channels, grid_trunk,

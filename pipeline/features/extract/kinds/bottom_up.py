@@ -27,8 +27,8 @@ from pipeline.features.detectors.regions import BottomUpRegions
 from pipeline.features.detectors.rules import DEFAULT as DEFAULT_RULES
 from pipeline.features.detectors.rules import RULES
 from pipeline.features.detectors.vocabulary import label_names
-from pipeline.features.extract import EXTRACTORS
-from pipeline.features.extract.region_extraction import RegionKind, SharedRegionSettings
+from pipeline.features.extract.kinds import EXTRACTORS
+from pipeline.features.extract.kinds.region_base import RegionKind, SharedRegionSettings
 from pipeline.vision.backbones import RANDOM
 
 

@@ -16,11 +16,16 @@ dropped):
   divided by the number of captions; ``None`` without captions.
 * ``mean_length``: the mean number of words per caption; ``None`` without
   captions.
+
+They are filed under metrics.json's ``diversity`` and left out of report's table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from trainer.scoring.metrics import METRICS
+from trainer.scoring.metrics.base import Metric, Texts
 
 DISTINCT_N = (1, 2)
 
@@ -56,3 +61,17 @@ def diversity(captions: Sequence[Sequence[str]]) -> dict[str, float | int | None
     figures["mean_length"] = sum(len(words) for words in captions) / count if count else None
     figures["captions"] = count
     return figures
+
+
+@METRICS.register("diversity")
+class Diversity(Metric):
+    """distinct-1/2, words used, unique captions, mean length: the predicted captions only."""
+
+    values = (*(f"distinct-{n}" for n in DISTINCT_N), "vocab_used", "unique_captions",
+              "mean_length", "captions")
+    section = "diversity"
+    place = 60
+
+    def compute(self, texts: Texts) -> list[float | int | None]:
+        figures = diversity([caption.split() for caption in texts.captions.values()])
+        return [figures[name] for name in self.values]

@@ -66,8 +66,8 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.state_dicts import first_misfit, listed
 from pipeline.features.detectors.selection import RegionExtractor
-from pipeline.features.extract import EXTRACTORS
-from pipeline.features.extract.region_extraction import RegionKind, SharedRegionSettings
+from pipeline.features.extract.kinds import EXTRACTORS
+from pipeline.features.extract.kinds.region_base import RegionKind, SharedRegionSettings
 from pipeline.vision.backbones import BACKBONES, RANDOM, RANDOM_SEED, build_resnet, resolve_weights
 
 ARCHS = ("fpn", "c5", "c4")
