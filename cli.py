@@ -66,16 +66,40 @@ STORE_FORMATS = NamesOf("pipeline.features.stores:FORMATS")
 FEATURE_DTYPES = NamesOf("pipeline.features.stores.schema:FEATURE_DTYPES")
 
 
+class SettingOption(click.Option):
+    """An option filling a field of an extractor kind's settings dataclass (extract-grid,
+    extract-regions). Given, it is the kind's setting; not given, the dataclass default holds
+    (:func:`given_options` leaves it out). Its default is never typed here: --help reads it
+    from the settings of the kinds the command runs (imported only when help is shown)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, default=None, **kwargs)
+
+    def get_help_record(self, ctx):
+        from pipeline.features.extract.kinds import setting_defaults
+
+        by_value: dict[str, list[str]] = {}
+        for kind, default in setting_defaults(ctx.command.name, self.name).items():
+            if default is not None:
+                by_value.setdefault(str(default), []).append(kind)
+        shown = next(iter(by_value)) if len(by_value) == 1 else "; ".join(
+            f"{', '.join(kinds)}: {value}" for value, kinds in by_value.items())
+        said = (self.help or "").split("[default: ")[0].rstrip()
+        self.help = "  ".join(part for part in (said, shown and f"[default: {shown}]") if part)
+        return super().get_help_record(ctx)
+
+
 class KindsOption(click.Option):
-    """``--arch``: its help lists the registered kinds, each with its description (read when
-    help is shown, from the registry)."""
+    """``--arch``: its help lists the registered kinds, each with its description, and the
+    default kind (read when help is shown, from the registry; not given, the default holds)."""
 
     def get_help_record(self, ctx):
         from pipeline.features.extract.kinds import EXTRACTORS
+        from pipeline.features.extract.region_extraction import DEFAULT_ARCH
 
         self.help = self.help.split(" Kinds: ")[0] + " Kinds: " + "; ".join(
             f"{name}: {' '.join((EXTRACTORS.get(name).__doc__ or '').split())}"
-            for name in self.type.choices) + "."
+            for name in self.type.choices) + f".  [default: {DEFAULT_ARCH}]"
         return super().get_help_record(ctx)
 
 
@@ -279,7 +303,7 @@ def _store_options(func):
                      help="Store backend when the path's suffix does not say [lmdb]."),
         click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Also write a small json naming the store (a stage's out)."),
-        click.option("--dtype", type=FEATURE_DTYPES, default="float16", show_default=True),
+        click.option("--dtype", type=FEATURE_DTYPES, cls=SettingOption),
         click.option("--batch", "batch_size", default=16, show_default=True,
                      type=click.IntRange(1, MAX_BATCH)),
         click.option("--workers", default=2, show_default=True, help="Image decoding processes.",
@@ -312,16 +336,15 @@ def _report_job(result) -> None:
 @stage_command("extract-grid", code="pipeline.features.extract.kinds.grid")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--backbone", default="resnet101", show_default=True,
+@click.option("--backbone", cls=SettingOption,
               help="resnet18/34/50/101/152 or vgg19 (torchvision), or resnet10 (small, for "
                    "demos).")
-@click.option("--weights", default=None,
+@click.option("--weights", cls=SettingOption,
               help="torchvision state_dict file, or 'random' [torchvision's cache location].")
-@click.option("--image-size", default=448, show_default=True, type=click.IntRange(32, MAX_SIDE))
-@click.option("--grid", default=14, show_default=True, help="Cells per side after pooling.",
+@click.option("--image-size", cls=SettingOption, type=click.IntRange(32, MAX_SIDE))
+@click.option("--grid", cls=SettingOption, help="Cells per side after pooling.",
               type=click.IntRange(1, 64))
-@click.option("--layer", type=NamesOf("pipeline.vision.backbones:GRID_LAYERS"),
-              default="layer4", show_default=True,
+@click.option("--layer", cls=SettingOption, type=NamesOf("pipeline.vision.backbones:GRID_LAYERS"),
               help="The stage whose map is pooled: a ResNet's layer4 (stride 32; Stack-Cap's "
                    "14x14x2048 at 448) or layer3 (stride 16; 14x14x1024 at 224, HACap's input), "
                    "or vgg19's conv5_4 (stride 16; Show-Attend-Tell's 14x14x512 at 224).")
@@ -343,38 +366,38 @@ def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer,
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--arch", type=NamesOf("pipeline.features.extract.region_extraction:archs"),
-              default="fpn", show_default=True, cls=KindsOption,
+              cls=KindsOption,
               help="The region extractor kind (each has its own settings below).")
-@click.option("--backbone", default="resnet50", show_default=True,
+@click.option("--backbone", cls=SettingOption,
               help="fpn/c4/c5 only (bottom-up: the checkpoint's).")
-@click.option("--weights", default=None,
+@click.option("--weights", cls=SettingOption,
               help="bottom-up: its checkpoint (.pth, .pkl, .bin). Others: a detector (or, for "
                    "c4/c5, ResNet) state_dict, or 'random' [torchvision's cache].")
-@click.option("--weights-kind", type=NamesOf("pipeline.features.extract.kinds.regions:WEIGHT_KINDS"),
-              default="auto", show_default=True, help="fpn/c4/c5 only.")
-@click.option("--boxes", type=NamesOf("pipeline.features.extract.kinds.region_base:BOXES"),
-              default="detect", show_default=True,
+@click.option("--weights-kind", cls=SettingOption, help="fpn/c4/c5 only.",
+              type=NamesOf("pipeline.features.extract.kinds.regions:WEIGHT_KINDS"))
+@click.option("--boxes", cls=SettingOption,
+              type=NamesOf("pipeline.features.extract.kinds.region_base:BOXES"),
               help="given: pool the boxes of the dataset json's 'boxes'.")
-@click.option("--min-boxes", default=10, show_default=True, type=click.IntRange(1, MAX_BOXES))
-@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1, MAX_BOXES))
-@click.option("--conf-thresh", default=0.2, show_default=True, type=FiniteRange(0, 1))
-@click.option("--nms-thresh", default=0.3, show_default=True, type=FiniteRange(0, 1))
-@click.option("--min-size", default=600, show_default=True, type=click.IntRange(32, MAX_SIDE),
+@click.option("--min-boxes", cls=SettingOption, type=click.IntRange(1, MAX_BOXES))
+@click.option("--max-boxes", cls=SettingOption, type=click.IntRange(1, MAX_BOXES))
+@click.option("--conf-thresh", cls=SettingOption, type=FiniteRange(0, 1))
+@click.option("--nms-thresh", cls=SettingOption, type=FiniteRange(0, 1))
+@click.option("--min-size", cls=SettingOption, type=click.IntRange(32, MAX_SIDE),
               help="Images resized to this shorter side.")
-@click.option("--max-size", default=1000, show_default=True, type=click.IntRange(32, MAX_SIDE))
-@click.option("--num-classes", default=91, show_default=True, type=click.IntRange(2, 100_000),
+@click.option("--max-size", cls=SettingOption, type=click.IntRange(32, MAX_SIDE))
+@click.option("--num-classes", cls=SettingOption, type=click.IntRange(2, 100_000),
               help="fpn/c4/c5: classes incl. background (COCO 91); bottom-up reads them from "
                    "its checkpoint.")
-@click.option("--top-attributes", default=1, show_default=True, type=click.IntRange(0, 1000),
+@click.option("--top-attributes", cls=SettingOption, type=click.IntRange(0, 1000),
               help="bottom-up: attributes kept per region (ids and probabilities, best first).")
-@click.option("--reference", type=NamesOf("pipeline.features.detectors.rules:RULES"),
-              default="caffe", show_default=True,
+@click.option("--reference", cls=SettingOption,
+              type=NamesOf("pipeline.features.detectors.rules:RULES"),
               help="bottom-up: whose test-time rules it follows: caffe (generate_tsv.py, the "
                    "BUTD release's features) or mmf (MMF's / LXMERT's frcnn extractor: "
                    "regressed boxes, one class-agnostic NMS; --conf-thresh unused).")
-@click.option("--objects-vocab", default=None, type=click.Path(dir_okay=False),
+@click.option("--objects-vocab", cls=SettingOption, type=click.Path(dir_okay=False),
               help="bottom-up: objects_vocab.txt, so the store names each class.")
-@click.option("--attributes-vocab", default=None, type=click.Path(dir_okay=False),
+@click.option("--attributes-vocab", cls=SettingOption, type=click.Path(dir_okay=False),
               help="bottom-up: attributes_vocab.txt, so the store names each attribute.")
 @_store_options
 def extract_regions_cmd(dataset_json, image_root, arch, out, features_root, fmt, pointer,

@@ -10,6 +10,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
+import click
 import pytest
 import torch
 
@@ -18,7 +19,7 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.demo.shapes import write_shapes_dataset
-from pipeline.features.extract.kinds import EXTRACTORS, kind_of, kinds_of, maker_of
+from pipeline.features.extract.kinds import EXTRACTORS, kind_of, kinds_of, maker_of, setting_defaults
 from pipeline.features.extract.region_extraction import region_settings
 from pipeline.features.fingerprint import fingerprint, images_digest
 from pipeline.features.stores import open_store
@@ -163,22 +164,30 @@ def test_the_cli_reads_its_lists_from_the_code():
     assert choices("evaluate", "split") == tuple(SPLITS)
 
 
-def test_the_command_line_defaults_are_the_settings_defaults():
-    """Only the options given reach a kind's settings: the dataclass defaults are the defaults
-    (the ones --help shows must say the same)."""
+def test_the_command_line_defaults_are_the_settings_defaults(capstack, inputs):
+    """Only the options given reach a kind's settings: the dataclass defaults are the defaults,
+    typed nowhere in the CLI, and --help shows them."""
     from pipeline.features.extract.region_extraction import DEFAULT_ARCH
 
     for command, kinds in [("extract-grid", ["grid"]),
                            ("extract-regions", kinds_of("extract-regions"))]:
         params = {p.name: p for p in cli.main.commands[command].params}
+        context = click.Context(cli.main.commands[command], info_name=command)
         for name in kinds:
             defaults = EXTRACTORS.get(name).settings()
             for field in fields(defaults):
-                if field.name != "arch":  # the kind's own name
-                    assert params[field.name].default == getattr(defaults, field.name), \
-                        (command, name, field.name)
-    arch = [p for p in cli.main.commands["extract-regions"].params if p.name == "arch"]
-    assert arch[0].default == DEFAULT_ARCH
+                if field.name == "arch":  # the kind's own name: --arch
+                    continue
+                param = params[field.name]
+                assert isinstance(param, cli.SettingOption) and param.default is None
+                value = getattr(defaults, field.name)
+                help_line = param.get_help_record(context)[1]
+                if value is None:  # nothing to show (the help says what None means)
+                    assert "[default: " not in help_line
+                elif len({str(v) for v in setting_defaults(command, field.name).values()}) == 1:
+                    assert f"[default: {value}]" in help_line, (command, field.name, help_line)
+    assert f"[default: {DEFAULT_ARCH}]" in " ".join(capstack("extract-regions", "--help").output.split())
+    assert region_settings() == region_settings(DEFAULT_ARCH)
 
 
 def test_an_unknown_arch_is_refused_with_the_registrys_list(capstack, inputs):

@@ -28,10 +28,10 @@ def region_kind(arch: str) -> RegionKind:
     return EXTRACTORS.get(arch)
 
 
-def region_settings(arch: str = DEFAULT_ARCH, **options):
-    """The settings of region kind ``arch`` (its dataclass) from extract-regions' options;
-    an option of another kind is refused, naming the kind's own."""
-    return region_kind(arch).settings(**options)
+def region_settings(arch: str | None = None, **options):
+    """The settings of region kind ``arch`` (its dataclass; None: the default kind) from
+    extract-regions' options; an option of another kind is refused, naming the kind's own."""
+    return region_kind(arch or DEFAULT_ARCH).settings(**options)
 
 
 RegionSettings = region_settings  # its name when the settings were one flat dataclass

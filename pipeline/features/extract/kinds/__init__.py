@@ -12,6 +12,8 @@ is one new file here.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pipeline.core.errors import CapstackError
 from pipeline.core.registry import Registry, import_modules
 
@@ -30,6 +32,18 @@ def kind_of(settings):
             return kind
     raise CapstackError(f"{settings!r}: the settings of no extractor kind "
                         f"(registered: {', '.join(EXTRACTORS)})")
+
+
+def setting_defaults(command: str, setting: str) -> dict[str, object]:
+    """{kind: the default of its ``setting``} for each kind ``command`` runs that has one
+    (what ``--help`` shows: the CLI types no default of its own)."""
+    defaults = {}
+    for name in kinds_of(command):
+        for f in dataclasses.fields(EXTRACTORS.get(name).Settings):
+            if f.name == setting and f.init:
+                defaults[name] = f.default_factory() if f.default is dataclasses.MISSING \
+                    and f.default_factory is not dataclasses.MISSING else f.default
+    return defaults
 
 
 def maker_of(producer: dict):
