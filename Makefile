@@ -30,7 +30,8 @@ demo: install  # the demo's table: shapes, features, XE then RL for top_down and
 demo-full: install  # every approach of the papers: XE, RL, adversarial (reports/metrics.md)
 	$(BIN)/capstack run tables --with-deps
 
-test: install
+test: install  # the linter (pyproject's [tool.ruff]), then the suite
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 test-slow: install  # the tests marked slow: torchrun jobs, killed runs, whole pipelines

@@ -237,7 +237,8 @@ def force_output_option(func):
                    "for both; only the sentences differ.")
 @force_output_option
 def shapes(out_dir, n_train, n_val, n_test, seed, size, caption_style, force):
-    """Draw the shapes dataset: OUT_DIR/images/ and OUT_DIR/dataset_shapes.json (Karpathy format)."""
+    """Draw the shapes dataset: OUT_DIR/images/ and OUT_DIR/dataset_shapes.json (Karpathy
+    format)."""
     from pipeline.demo.shapes import write_shapes_dataset
 
     summary = write_shapes_dataset(out_dir, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -942,7 +943,8 @@ def stages_cmd(stages_path, workdir, as_json):
 @click.argument("stage")
 @_stages_options
 @click.option("--force", is_flag=True, help="Run even when up to date.")
-@click.option("--with-deps", is_flag=True, help="First run the upstream stages that are not up to date.")
+@click.option("--with-deps", is_flag=True,
+              help="First run the upstream stages that are not up to date.")
 @click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
               help="Override a param of this stage for this run (repeatable).")
 @outs_outside_option

@@ -5,11 +5,11 @@ trains each experiment of configs/experiments/ with cross-entropy, then every
 phase stages.yaml trains from that XE run with the same overrides its stage
 passes (`rl@NAME`: SCST or C2F; `rl_mix@NAME`: SCST on a mixed reward;
 `adversarial@NAME`: HACap's adversarial phase), from the same XE start, at each
-seed; evaluates every run with beam search on the test split. Prints test CIDEr per seed, mean +- std per row, RL - XE
-per approach, and each ordering the papers report with its margin in units of
-the larger of the two rows' spreads (std over seeds). Runs that finished are
-reused, so an interrupted benchmark resumes; results go to OUT/results.json, beside
-those of approaches an earlier --only run measured.
+seed; evaluates every run with beam search on the test split. Prints test CIDEr per
+seed, mean +- std per row, RL - XE per approach, and each ordering the papers report
+with its margin in units of the larger of the two rows' spreads (std over seeds).
+Runs that finished are reused, so an interrupted benchmark resumes; results go to
+OUT/results.json, beside those of approaches an earlier --only run measured.
 
 A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment that
 ``extends:`` the approach's and changes what its name says), is a row of its own:

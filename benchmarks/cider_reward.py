@@ -74,7 +74,8 @@ def main() -> None:
         refs, cands = drawn(args.n)
     ids = sorted(cands)
     # the captioning vocabulary: every candidate word (what a decoder could emit)
-    vocab = ["<pad>", "<bos>", "<eos>", "<unk>"] + sorted({w for c in cands.values() for w in c.split()})
+    vocab = (["<pad>", "<bos>", "<eos>", "<unk>"]
+             + sorted({w for c in cands.values() for w in c.split()}))
     started = time.perf_counter()
     scorer = CiderD.from_references(refs, vocab)
     build = time.perf_counter() - started
@@ -88,7 +89,8 @@ def main() -> None:
     theirs_s = time.perf_counter() - started
     print(f"{len(ids)} captions, {sum(len(r) for r in refs.values())} references")
     print(f"reference cache built once in {build * 1000:.1f} ms")
-    print(f"capstack CiderD: {ours_s * 1000:.2f} ms; pycocoevalcap CiderD: {theirs_s * 1000:.1f} ms")
+    print(f"capstack CiderD: {ours_s * 1000:.2f} ms; "
+          f"pycocoevalcap CiderD: {theirs_s * 1000:.1f} ms")
     print(f"max_abs_diff: {np.abs(ours - np.asarray(theirs)).max():.3g}")
     print(f"speedup: {theirs_s / ours_s:.1f}")
     rng = np.random.default_rng(1)

@@ -65,14 +65,16 @@ def prepare_training(folder: Path, steps: int) -> Path:
     rng = np.random.default_rng(0)
     from pipeline.features.extract.kinds.region_base import region_schema
 
-    meta = {**region_schema(2048, "float16").to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
+    meta = {**region_schema(2048, "float16").to_meta(),
+            "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}
     boxes = np.tile(np.array([[0, 0, 10, 10]], np.float32), (36, 1))
     with create_writer(folder / "regions.lmdb", meta) as writer:
         for i in load_captions(folder / "prepared").image_ids:
-            writer.write([(int(i), Record(np.abs(rng.standard_normal((36, 2048))).astype(np.float16),
-                                          32, 32, boxes=boxes, scores=np.ones(36, np.float32),
-                                          classes=np.zeros(36, np.int32)))])
+            writer.write([(int(i),
+                           Record(np.abs(rng.standard_normal((36, 2048))).astype(np.float16),
+                                  32, 32, boxes=boxes, scores=np.ones(36, np.float32),
+                                  classes=np.zeros(36, np.int32)))])
         writer.finish()
     exp = folder / "top_down.yaml"
     exp.write_text(yaml.safe_dump({
@@ -101,7 +103,8 @@ def train_figures(exp: Path, out: Path, nproc: int, device: str) -> dict:
 
 
 def allreduce_probe() -> None:
-    """Under torchrun: seconds of one all-reduce of top_down's gradients (gloo), printed by rank 0."""
+    """Under torchrun: seconds of one all-reduce of top_down's gradients (gloo), printed by
+    rank 0."""
     import torch
     import torch.distributed as dist
 

@@ -60,7 +60,8 @@ def write_images(folder: Path, n: int) -> Path:
         draw = ImageDraw.Draw(im)
         for _ in range(6):
             x, y = rng.integers(0, 560), rng.integers(0, 400)
-            draw.ellipse([x, y, x + 80, y + 80], fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
+            draw.ellipse([x, y, x + 80, y + 80],
+                         fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
         im.save(folder / "images" / f"{i:05d}.jpg", quality=90)
         images.append({"filepath": "images", "filename": f"{i:05d}.jpg", "imgid": i,
                        "split": "train", "sentences": [{"tokens": ["x"], "sentid": i}]})
@@ -99,26 +100,32 @@ def vg_phases(extractor, images: list[torch.Tensor], device) -> dict[str, float]
     detector = extractor.detector
     phases = dict.fromkeys(["backbone", "rpn", "roi_res5", "selection"], 0.0)
 
-    def timed(name, fn):
+    def timed(name, fn, *args):
         if device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         if device.type == "cuda":
             torch.cuda.synchronize()
         phases[name] += time.perf_counter() - started
         return out
 
+    def proposals(fmap, x, scale):
+        return detector.proposals(
+            *[t[0] for t in detector.rpn(fmap[None])], tuple(x.shape[-2:]), scale)
+
+    def selection(boxes, scale, probs):
+        return select_regions(
+            inclusive(boxes / scale), probs[:, 1:], nms_thresh=0.3, conf_thresh=0.2,
+            min_boxes=10, max_boxes=100)
+
     with torch.inference_mode(), autocast(device):
         for image in images:
             [(x, scale)] = detector.prepare([image.to(device)])
-            [fmap] = timed("backbone", lambda: detector.res4([x]))
-            boxes, _ = timed("rpn", lambda: detector.proposals(
-                *[t[0] for t in detector.rpn(fmap[None])], tuple(x.shape[-2:]), scale))
-            _, probs, _, _ = timed("roi_res5", lambda: detector.describe(fmap, boxes))
-            timed("selection", lambda: select_regions(
-                inclusive(boxes / scale), probs[:, 1:], nms_thresh=0.3, conf_thresh=0.2,
-                min_boxes=10, max_boxes=100))
+            [fmap] = timed("backbone", detector.res4, [x])
+            boxes, _ = timed("rpn", proposals, fmap, x, scale)
+            _, probs, _, _ = timed("roi_res5", detector.describe, fmap, boxes)
+            timed("selection", selection, boxes, scale, probs)
     return phases
 
 
@@ -242,7 +249,8 @@ def against_cpu(args, tmp: Path, extract) -> None:
         if unlike:
             print(f"{name}: {unlike} images keep another number of regions on {args.device}")
         print(f"{name} on {args.device} against cpu, {args.against_cpu} images: largest "
-              f"difference {gap:.3g} (largest value {top:.3g}, relative {gap / max(top, 1e-30):.2g})")
+              f"difference {gap:.3g} (largest value {top:.3g}, "
+              f"relative {gap / max(top, 1e-30):.2g})")
 
 
 if __name__ == "__main__":

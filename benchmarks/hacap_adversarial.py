@@ -13,9 +13,10 @@ caption setting and seed this trains, with the stages' own settings:
 Every run is evaluated with beam search on the test split, at its kept checkpoint (best val
 CIDEr, its start included: what the stage keeps) and at its last (where the phase ended): CIDEr,
 BLEU-4 and the diversity figures (distinct-1, distinct-2, words used, unique captions), which
-adversarial training is meant to raise. Validation CIDEr by epoch shows each phase's path. D's held-out accuracy (references against fresh samples of validation images
-it never trained on) is read from each run's metrics log: at the end of pre-training, and
-first/last/lowest in the adversarial phase. Wall-clock time per phase, and D's share of it.
+adversarial training is meant to raise. Validation CIDEr by epoch shows each phase's path. D's
+held-out accuracy (references against fresh samples of validation images it never trained on) is
+read from each run's metrics log: at the end of pre-training, and first/last/lowest in the
+adversarial phase. Wall-clock time per phase, and D's share of it.
 
 The settings: ``grammar``, the demo's captions (data/prepared); ``free``, the same images'
 captions with freer word order and synonyms (``capstack shapes --captions free``, stage

@@ -22,7 +22,8 @@ submodule (``git clone --recursive``) and its requirements (``six``, ``yacs``). 
 loss wrapper and reward code are imported from there and driven as its
 ``tools/train.py`` drives them.
 
-    python benchmarks/peer_steps.py --peer DIR [--steps 3] [--threads 2] [--models updown,transformer]
+    python benchmarks/peer_steps.py --peer DIR [--steps 3] [--threads 2]
+        [--models updown,transformer]
 
 On a GPU (GPU.md's sizes): ``--device cuda --width 1000 --beam-images 5000``; beam search then
 decodes that many images of random features, 50 at a time, and prints images/s.
@@ -269,8 +270,9 @@ class Peer:
         self.model.eval()
         with torch.no_grad():
             for att in self.work.beam_batches(warm_up):
-                self.model(att.mean(1), att, None, opt={"beam_size": BEAM, "sample_method": "greedy",
-                                                        "sample_n": 1}, mode="sample")
+                self.model(att.mean(1), att, None,
+                           opt={"beam_size": BEAM, "sample_method": "greedy", "sample_n": 1},
+                           mode="sample")
         self.model.train()
 
 

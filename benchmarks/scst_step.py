@@ -64,8 +64,8 @@ def main() -> None:
                       Setting(captions=None, max_len=16, device=device), scorer=scorer)
     batch = TrainBatch(list(range(50)), feats, mask, torch.zeros(250, 18, dtype=torch.long),
                        whole_batch(tokens=250 * 17, captions=250, images=50), seq_per_img=5)
-    print(f"device: {device} ({torch.get_num_threads()} threads); top_down hidden 512, vocab {VOCAB}, "
-          f"36x2048 regions, 50 images x 5 samples + 50 greedy, max length 16")
+    print(f"device: {device} ({torch.get_num_threads()} threads); top_down hidden 512, "
+          f"vocab {VOCAB}, 36x2048 regions, 50 images x 5 samples + 50 greedy, max length 16")
     rows = []
     for step in range(args.steps + 1):
         started = time.perf_counter()

@@ -46,7 +46,7 @@ def write_dataset(path: Path, n_images: int, rng: np.random.Generator) -> int:
     images, sentid = [], 0
     for i in range(n_images):
         sentences = []
-        for k in range(5):
+        for _k in range(5):
             tokens = [words[j] for j in zipf[sentid, : min(lengths[sentid], 16)]]
             tokens += ["end"] * max(0, lengths[sentid] - 16)
             sentences.append({"tokens": tokens, "raw": " ".join(tokens), "imgid": i,
@@ -94,7 +94,8 @@ def main() -> None:
         n_captions = write_dataset(work / "dataset_big.json", args.images, rng)
         nbytes = write_images(work / "images", args.images, args.file_kb, rng)
         print(f"project: {n_captions} captions, {args.images} image files "
-              f"({nbytes / 2**20:.0f} MiB), json {os.path.getsize(work / 'dataset_big.json') / 2**20:.0f} MiB")
+              f"({nbytes / 2**20:.0f} MiB), "
+              f"json {os.path.getsize(work / 'dataset_big.json') / 2**20:.0f} MiB")
 
         first = capstack(work, "run", "prepare")
         print(f"first run (hash from scratch + prepare): {first:8.2f} s")

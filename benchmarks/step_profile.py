@@ -330,8 +330,8 @@ def main() -> None:
     names = sorted(DECODERS) if args.decoder == "all" else [args.decoder]
     DECODERS.get(names[0])  # an unknown name: the registry's error, with the names it has
     print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} threads; capstack at "
-          f"{Path(trainer.__file__).parent.parent}; hidden {WIDTH}, vocabulary {VOCAB}, {args.images} images x "
-          f"{PER_IMAGE} captions of {LENGTH} words, Adam, clip {CLIP}")
+          f"{Path(trainer.__file__).parent.parent}; hidden {WIDTH}, vocabulary {VOCAB}, "
+          f"{args.images} images x {PER_IMAGE} captions of {LENGTH} words, Adam, clip {CLIP}")
     if args.decoder != "all":
         work, xe, scst = profile_decoder(args.decoder, args)
         print(f"{args.decoder}: {work.locations}x{DIM} features")

@@ -57,7 +57,8 @@ def shared_empty(shape, dtype):
 
 def write(path: Path, n: int, rows: int, dim: int) -> list[int]:
     rng = np.random.default_rng(0)
-    meta = {**Schema((field("features", (dim,), "float16"),)).to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
+    meta = {**Schema((field("features", (dim,), "float16"),)).to_meta(),
+            "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}
     block = rng.standard_normal((rows, dim)).astype(np.float16)
     with create_writer(path, meta) as w:
@@ -87,7 +88,8 @@ def floor_lmdb(path: Path, ids, batch: int, rows: int, dim: int, rounds: int) ->
 def loader_rate(path: Path, ids, batch: int, workers: int, rounds: int,
                 reuse: bool = False) -> float:
     store = open_store(path)
-    sampler = BatchSampler(RandomSampler(range(len(ids)), generator=torch.Generator().manual_seed(0)),
+    sampler = BatchSampler(RandomSampler(range(len(ids)),
+                                         generator=torch.Generator().manual_seed(0)),
                            batch, drop_last=True)
     loader = DataLoader(BatchReads(store, ids, reuse), sampler=sampler, batch_size=None,
                         num_workers=workers, persistent_workers=workers > 0,

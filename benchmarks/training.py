@@ -71,7 +71,8 @@ def synthetic_store(path: Path, n_images: int, rows: int, dim: int, kind: str, r
     meta = {**schema.to_meta(), "producer": {"name": "benchmark", "settings": {}, "about": {}},
             "fingerprint": "bench", "capstack_version": "bench"}
     block = np.abs(rng.standard_normal((rows, dim))).astype(np.float16)
-    boxes = np.tile(np.array([[0, 0, 10, 10]], np.float32), (rows, 1)) if kind == "regions" else None
+    boxes = (np.tile(np.array([[0, 0, 10, 10]], np.float32), (rows, 1))
+             if kind == "regions" else None)
     extra = ({"boxes": boxes, "scores": np.ones(rows, np.float32),
               "classes": np.zeros(rows, np.int32)} if boxes is not None else {})
     with create_writer(path, meta) as w:

@@ -41,7 +41,8 @@ def stack_run(tmp_path_factory):
 
 def test_c2f_run_logs_every_stage_reward(stack_run, tmp_path):
     root, exp, _, _ = stack_run
-    config = load_experiment(exp, ["objective.name=c2f", f"train.init_from={root / 'xe' / 'best.pt'}",
+    config = load_experiment(exp, ["objective.name=c2f",
+                                   f"train.init_from={root / 'xe' / 'best.pt'}",
                                    *cider_d(root / 'cider.npz'), "train.lr=5e-5",
                                    "train.epochs=1", "objective.samples=2"])
     train(config, tmp_path / "c2f", progress=False)

@@ -18,7 +18,8 @@ from trainer_fixtures import make_prepared, write_experiment
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """A tiny shapes dataset, grid features from saved resnet18 weights, a trained soft_attention."""
+    """A tiny shapes dataset, grid features from saved resnet18 weights, a trained
+    soft_attention."""
     root = tmp_path_factory.mktemp("caption")
     dataset, prepared = make_prepared(root)
     torch.manual_seed(0)
@@ -59,7 +60,8 @@ def test_caption_refuses_when_the_weights_changed_or_went(setup, capstack, tmp_p
         state["conv1.weight"] += 1
         torch.save(state, weights)
         result = capstack("caption", "--checkpoint", root / "run", image, expect_ok=False)
-        assert result.exit_code == 1 and "changed since the features were extracted" in result.output
+        assert (result.exit_code == 1
+                and "changed since the features were extracted" in result.output)
         weights.unlink()
         result = capstack("caption", "--checkpoint", root / "run", image, expect_ok=False)
         assert "which are not here" in result.output and str(weights) in result.output

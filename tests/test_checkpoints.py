@@ -38,7 +38,8 @@ def test_a_first_format_run_evaluates_and_resumes(tmp_path, monkeypatch):
     Path("v1.yaml").write_text(yaml.safe_dump({
         "name": "v1", "decoder": {"name": "show_tell", "embed": 16, "hidden": 16},
         "data": {"captions": "prepared", "features": ["grid.lmdb"], "seq_per_img": 2},
-        "train": {"epochs": 2, "batch_size": 4, "lr": 5e-3}, "eval": {"beam_size": 2, "figures": 0}}))
+        "train": {"epochs": 2, "batch_size": 4, "lr": 5e-3},
+        "eval": {"beam_size": 2, "figures": 0}}))
     resumed = train(load_experiment("v1.yaml"), Path("runs/v1"), progress=False)
     assert resumed.resumed_at == (1, 0) and resumed.epochs == 2
     assert load_checkpoint("runs/v1/last.pt")["format"] == FORMAT

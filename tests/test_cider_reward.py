@@ -19,7 +19,8 @@ def reference_scores(candidates: dict[int, list[str]]) -> np.ndarray:
 @pytest.mark.parametrize("candidates", [
     {10: "a red circle on the left".split(), 11: "a blue square".split(),
      12: "a red circle and a blue square".split(), 13: ["a"]},
-    {10: [], 11: "square square square square square".split(), 12: ["<unk>"], 13: "a a a a a a".split()},
+    {10: [], 11: "square square square square square".split(), 12: ["<unk>"],
+     13: "a a a a a a".split()},
     {10: ("a red circle on the left of a blue square and a small red circle on the right of the "
           "big blue square").split(), 11: "the".split(), 12: "blue square red circle".split(),
      13: "a a".split()},

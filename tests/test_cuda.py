@@ -1,4 +1,5 @@
-"""On a CUDA GPU: bfloat16 steps against float32, beam search against the CPU's, torchrun on one GPU.
+"""On a CUDA GPU: bfloat16 steps against float32, beam search against the CPU's, torchrun on
+one GPU.
 
 Marked ``cuda`` and skipped where torch sees no GPU (CI has none): run them on a GPU machine
 with ``pytest -m cuda``. The stated tolerances are bfloat16's: 8 bits of mantissa, a relative

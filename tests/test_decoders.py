@@ -276,7 +276,8 @@ def test_hard_attention_baseline_follows_the_moving_average(handful):
     model = hard_attention(vocab_size, expectation=0.0)  # every caption sampled
     targets = captions[:, 1:]
     out = teacher_forced(model, feats, mask, captions)
-    assert set(out.extras) == {"location_logp", "entropy", "sampled"} and out.extras["sampled"].all()
+    assert (set(out.extras) == {"location_logp", "entropy", "sampled"}
+            and out.extras["sampled"].all())
     token_logp = -torch.nn.functional.cross_entropy(out.logits.transpose(1, 2), targets,
                                                     reduction="none")
     logp = (token_logp * (targets != 0)).sum(1).mean().item()
@@ -288,9 +289,11 @@ def test_hard_attention_baseline_follows_the_moving_average(handful):
     model.update(means)
     assert float(model.baseline) == pytest.approx(0.1 * logp, rel=1e-4)  # b_1 = 0.9*0 + 0.1 log p
     model.update(means)
-    assert float(model.baseline) == pytest.approx(0.19 * logp, rel=1e-4)  # b_2 = 0.9 b_1 + 0.1 log p
+    # b_2 = 0.9 b_1 + 0.1 log p
+    assert float(model.baseline) == pytest.approx(0.19 * logp, rel=1e-4)
     model.eval()
-    assert teacher_forced(model, feats, mask, captions).extras == {}  # the expected context at test time
+    # the expected context at test time
+    assert teacher_forced(model, feats, mask, captions).extras == {}
 
 
 def contexts_fed(model, feats, mask, captions) -> tuple[Tensor, DecoderOutput]:
@@ -372,7 +375,8 @@ def test_stack_cap_stacking_changes_only_the_attention_query(handful):
     star = make_decoder("stack_cap_star", tiny_decoder_config("stack_cap_star"), vocab_size, 16)
     star.load_state_dict(stacked.state_dict())  # the same parameters
     star.eval()
-    a, b = teacher_forced(stacked, feats, mask, captions), teacher_forced(star, feats, mask, captions)
+    a, b = (teacher_forced(stacked, feats, mask, captions),
+            teacher_forced(star, feats, mask, captions))
     sa, sb = a.extras["stage_logits"], b.extras["stage_logits"]
     # at the first step the coarse stage and the first fine stage agree (alpha^0 = 0 in both);
     # the second fine stage attends with h^1 + g^1 (eq 8) against h^1 alone

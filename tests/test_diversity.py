@@ -42,7 +42,8 @@ def test_diversity_by_hand():
 
 def test_all_alike_captions_are_the_least_diverse():
     same = diversity([["a", "a"]] * 5)
-    assert same["distinct-1"] == pytest.approx(1 / 10) and same["distinct-2"] == pytest.approx(1 / 5)
+    assert (same["distinct-1"] == pytest.approx(1 / 10)
+            and same["distinct-2"] == pytest.approx(1 / 5))
     assert same["unique_captions"] == pytest.approx(1 / 5) and same["vocab_used"] == 1
 
 

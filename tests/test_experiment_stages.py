@@ -14,7 +14,9 @@ from trainer_fixtures import make_prepared, write_experiment
 STAGES = """
 stages:
   extract_grid:
-    cmd: capstack extract-grid {data}/dataset_shapes.json {data} --backbone resnet18 --weights random --image-size 64 --grid 2 --workers 0 --features-root {root} --pointer features/grid.json
+    cmd: capstack extract-grid {data}/dataset_shapes.json {data} --backbone resnet18 \
+--weights random --image-size 64 --grid 2 --workers 0 --features-root {root} \
+--pointer features/grid.json
     deps: [{data}/dataset_shapes.json]
     outs: [features/grid.json]
   train-soft:

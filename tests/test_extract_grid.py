@@ -134,7 +134,8 @@ def test_fingerprint_follows_every_setting_and_the_images(shapes, tmp_path, monk
 
     monkeypatch.setattr(job_module, "_extract", plan_only)
     variants = [SETTINGS, GridSettings("resnet18", "random", 96, 2),
-                GridSettings("resnet18", "random", 64, 3), GridSettings("resnet34", "random", 64, 2),
+                GridSettings("resnet18", "random", 64, 3),
+                GridSettings("resnet34", "random", 64, 2),
                 GridSettings("resnet18", "random", 64, 2, dtype="float32"),
                 GridSettings("resnet18", "random", 64, 2, layer="layer3")]
     fingerprints = [extract(shapes, tmp_path, s).fingerprint for s in variants]

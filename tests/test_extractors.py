@@ -19,7 +19,8 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.demo.shapes import write_shapes_dataset
-from pipeline.features.extract.kinds import EXTRACTORS, kind_of, kinds_of, maker_of, setting_defaults
+from pipeline.features.extract.kinds import (EXTRACTORS, kind_of, kinds_of, maker_of,
+                                             setting_defaults)
 from pipeline.features.extract.region_extraction import region_settings
 from pipeline.features.fingerprint import fingerprint, images_digest
 from pipeline.features.stores import open_store
@@ -186,7 +187,8 @@ def test_the_command_line_defaults_are_the_settings_defaults(capstack, inputs):
                     assert "[default: " not in help_line
                 elif len({str(v) for v in setting_defaults(command, field.name).values()}) == 1:
                     assert f"[default: {value}]" in help_line, (command, field.name, help_line)
-    assert f"[default: {DEFAULT_ARCH}]" in " ".join(capstack("extract-regions", "--help").output.split())
+    assert (f"[default: {DEFAULT_ARCH}]"
+            in " ".join(capstack("extract-regions", "--help").output.split()))
     assert region_settings() == region_settings(DEFAULT_ARCH)
 
 

@@ -17,7 +17,9 @@ params:
   features_root: {root}
 stages:
   extract_grid:
-    cmd: capstack extract-grid ${{data}}/dataset_shapes.json ${{data}} --backbone resnet18 --weights random --image-size 64 --grid ${{grid}} --workers 0 --features-root ${{features_root}} --pointer features/grid.json
+    cmd: capstack extract-grid ${{data}}/dataset_shapes.json ${{data}} --backbone resnet18 \
+--weights random --image-size 64 --grid ${{grid}} --workers 0 \
+--features-root ${{features_root}} --pointer features/grid.json
     params: {{grid: 2}}
     deps:
       - ${{data}}/dataset_shapes.json

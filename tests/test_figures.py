@@ -224,7 +224,8 @@ def test_discriminator_rounds_after_the_run_started_from(tmp_path):
     adv_train = [{"kind": "train", "epoch": (s - 1) // 10, "step": s, "loss": 1.0}
                  for s in range(1, 21)]
     adv_val = [{"kind": "val", "epoch": -1, "cider": 0.4, "start": "xe/best.pt"},
-               {"kind": "val", "epoch": 0, "cider": 0.45}, {"kind": "val", "epoch": 1, "cider": 0.5}]
+               {"kind": "val", "epoch": 0, "cider": 0.45},
+               {"kind": "val", "epoch": 1, "cider": 0.5}]
     adv = _write_jsonl(tmp_path / "adv.jsonl", adv_train + adv_val + _rounds([1], "pretrain")
                        + _rounds([10, 20], first_round=2))
     fig = curves_figure(adv, before=xe)
@@ -259,7 +260,8 @@ def test_stages_figure_has_a_row_per_stage(tmp_path):
 
     image = np.zeros((48, 64, 3), np.uint8)
     alphas = np.full((3, 16), 1 / 16)
-    out = stages_figure(image, [("coarse", ["a", "red"], None), ("fine 1", ["a", "red", "dot"], alphas),
+    out = stages_figure(image, [("coarse", ["a", "red"], None),
+                                ("fine 1", ["a", "red", "dot"], alphas),
                                 ("fine 2", ["a", "dot"], alphas)], tmp_path / "s.png", grid=4)
     two = stages_figure(image, [("coarse", ["a"], None), ("fine 1", ["a"], alphas[:1])],
                         tmp_path / "t.png", grid=4)

@@ -45,7 +45,8 @@ def test_blocks_are_found_and_rewritten_in_place(figures, tmp_path):
     assert figures.rewrite(page, {"demo-table": "| new | table |\n"})
     text = page.read_text()
     assert "| new | table |\n<!-- end generated -->" in text and "old table" not in text
-    assert "old output" in text and text.startswith("# A page\ntext before\n") and text.endswith("after\n")
+    assert ("old output" in text and text.startswith("# A page\ntext before\n")
+            and text.endswith("after\n"))
     assert not figures.rewrite(page, {"demo-table": "| new | table |\n"})  # nothing changed
 
 

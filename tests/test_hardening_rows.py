@@ -343,7 +343,7 @@ def test_rtl_npz_reads_att_folders_of_npy_files(coco, rows, tmp_path):
         np.testing.assert_array_equal(store.get(row["image_id"]).features, row["features"])
 
 
-# -- 8. one malformed row is that row's bad row -----------------------------------------------------
+# -- 8. one malformed row is that row's bad row ------------------------------------------------
 
 @pytest.mark.parametrize("change, reason", [
     ({"image_height": "abc"}, "image_height 'abc' is not a whole number"),

@@ -90,7 +90,8 @@ def plan(seed: int, keys: list[str]) -> dict[int, tuple[str, str]]:
         if pick == 2:
             out[k] = (BYTE_MUTATIONS[int(rng.integers(0, 2))], "")
         else:
-            out[k] = (names[int(rng.integers(0, len(names)))], keys[int(rng.integers(0, len(keys)))])
+            out[k] = (names[int(rng.integers(0, len(names)))],
+                      keys[int(rng.integers(0, len(keys)))])
     return out
 
 

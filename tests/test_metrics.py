@@ -1,4 +1,5 @@
-"""trainer.scoring (tokenizing, references, the metrics registry) and trainer.evaluation.report: real pycocoevalcap scorers, real Java where present."""
+"""trainer.scoring (tokenizing, references, the metrics registry) and trainer.evaluation.report:
+real pycocoevalcap scorers, real Java where present."""
 
 from __future__ import annotations
 
@@ -348,7 +349,8 @@ def test_write_report(tmp_path):
     lines = md_path.read_text().splitlines()
     assert lines[0] == "| " + " | ".join(R.columns()) + " |"
     assert lines[1] == "|" + "---|" * len(R.columns())
-    assert lines[2].startswith("| Up-Down |  | 75.1 | 50.0 | 45.0 | 36.2 | 27.8 | 56.5 | 113.5 | n/a |")
+    assert lines[2].startswith("| Up-Down |  | 75.1 | 50.0 | 45.0 | 36.2 | 27.8 | 56.5 | 113.5 "
+                               "| n/a |")
     assert "Plain \\| grid" in lines[3]
     assert [ln for ln in lines if ln.startswith("SPICE:")] == [f"SPICE: n/a — {spice_reason}"]
     assert "METEOR: n/a — java not found" in lines
@@ -370,7 +372,8 @@ def test_report_has_an_xe_block_and_an_rl_block(tmp_path):
                  ("d", "stack_cap", "XE", 1.15)]]
     csv_path, md_path = R.write_report(files, tmp_path / "out")
     frame = pd.read_csv(csv_path)
-    assert list(frame["Training"]) == ["XE", "XE", "SCST", "C2F", "GAN"]  # XE block first, order kept
+    # XE block first, order kept
+    assert list(frame["Training"]) == ["XE", "XE", "SCST", "C2F", "GAN"]
     assert list(frame["CIDEr"]) == [110.0, 115.0, 110.0, 130.0, 120.0]
     text = md_path.read_text()
     xe, rest = text.split("**Reinforcement with CIDEr-D rewards (SCST, C2F)**")

@@ -105,7 +105,8 @@ def test_the_coco_vocabulary_is_self_critical_pytorchs_at_threshold_5():  # Stac
 @pytest.mark.parametrize("path", ["coco/show_attend_tell", "flickr8k/show_attend_tell",
                                   "flickr30k/show_attend_tell"])
 def test_show_attend_tell(path):
-    soft, hard = experiment(f"{path}/soft_attention.yaml"), experiment(f"{path}/hard_attention.yaml")
+    soft, hard = (experiment(f"{path}/soft_attention.yaml"),
+                  experiment(f"{path}/hard_attention.yaml"))
     for config in (soft, hard):
         assert config["data"]["batching"] == "one_length"  # "minibatches of ... 64 ... one length"
         assert config["train"]["batch_size"] * config["data"]["seq_per_img"] == 64
@@ -215,7 +216,8 @@ def test_the_gru_reports_attention_model():
 def test_hacap_on_flickr8k():
     config = experiment("flickr8k/hacap/hacap.yaml")
     decoder = config["decoder"]
-    assert (decoder["manager"], decoder["goal_size"], decoder["discriminator_layers"]) == (256, 6, 3)
+    assert (decoder["manager"], decoder["goal_size"],
+            decoder["discriminator_layers"]) == (256, 6, 3)
     assert config["data"]["features"] == ["flickr8k/features/grid-layer3.json"]  # 196 x 1024
     assert config["train"]["max_len"] == config["eval"]["max_len"] == 20  # "restricted to 20"
     stages = yaml.safe_load((ROOT / "configs" / "flickr8k.yaml").read_text())["stages"]
@@ -248,10 +250,12 @@ def flat(config: dict, prefix: str = "") -> dict:
 
 
 def changed_keys(a: dict, b: dict, ignore=("name",)) -> set[str]:
-    return {k for k in set(flat(a)) | set(flat(b)) if k not in ignore and flat(a).get(k) != flat(b).get(k)}
+    return {k for k in set(flat(a)) | set(flat(b))
+            if k not in ignore and flat(a).get(k) != flat(b).get(k)}
 
 
-@pytest.mark.parametrize("path", VARIANTS, ids=[f"{p.parent.parent.name}/{p.stem}" for p in VARIANTS])
+@pytest.mark.parametrize("path", VARIANTS,
+                         ids=[f"{p.parent.parent.name}/{p.stem}" for p in VARIANTS])
 def test_a_variant_says_what_it_changes_and_leaves_the_paper_row_alone(path):
     """A variant's name is its paper row's, then +WHAT; what differs from the row it extends
     (its experiment, its train stage's inputs, or its RL stage's item) is WHAT, and nothing

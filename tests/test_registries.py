@@ -32,7 +32,8 @@ def registries_defined(path: Path) -> list[str]:
     """Names bound to ``Registry(...)`` at the top level of ``path``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [t.id for node in tree.body if isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "Registry"
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "Registry"
             for t in node.targets if isinstance(t, ast.Name)]
 
 

@@ -198,7 +198,8 @@ def test_captions_of_a_hand_built_scene_are_true():
     for seed in range(60):
         for caption in captions_for(scene, np.random.default_rng(seed)):
             tokens = _tokens(caption)
-            assert not {"green", "yellow", "triangle", "star", "three", "above", "below"} & set(tokens)
+            assert not ({"green", "yellow", "triangle", "star", "three", "above", "below"}
+                        & set(tokens))
             text = " ".join(tokens)
             for relation, first_words, second_words in (("left of", CIRCLE_WORDS, SQUARE_WORDS),
                                                         ("right of", SQUARE_WORDS, CIRCLE_WORDS)):

@@ -1,4 +1,5 @@
-"""Malformed stages files and bad --set values: one clear message, non-zero exit, nothing written."""
+"""Malformed stages files and bad --set values: one clear message, non-zero exit, nothing
+written."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ BAD_FILES = {
     ),
     "unknown top-level key": (GOOD + "settings: {}\n", ["settings: unknown key"]),
     "dep cycle": (
-        GOOD.replace("    outs:\n      - ${data}", "    deps: [data/prepared]\n    outs:\n      - ${data}"),
+        GOOD.replace("    outs:\n      - ${data}",
+                     "    deps: [data/prepared]\n    outs:\n      - ${data}"),
         ["stages: dependency cycle: shapes -> prepare -> shapes"],
     ),
     "unknown command": (
@@ -68,7 +70,8 @@ BAD_FILES = {
     "missing cmd": (GOOD.replace("    cmd: capstack prepare", "    command: capstack prepare"),
                     ["stages.prepare.command: unknown key"]),
     "param of the wrong type": (GOOD.replace("{train: 4}", "{train: [4]}"),
-                                ["stages.shapes.params.train: expected a string, number or boolean"]),
+                                ["stages.shapes.params.train: "
+                                 "expected a string, number or boolean"]),
     "overlapping outs": (GOOD.replace("outs: [data/prepared]", "outs: [data/shapes/prepared]"),
                          ["stages.prepare.outs: 'data/shapes/prepared' overlaps 'data/shapes'"]),
     "not yaml": ("stages: [unclosed\n", ["not valid YAML at line"]),
@@ -82,13 +85,15 @@ BAD_FILES = {
         GOOD + "  copies@a:\n    cmd: capstack prepare x y\n"
                "  copies:\n    foreach: [a]\n    do: {cmd: capstack prepare x y}\n",
         ["declared twice"]),
-    "nproc not a count": (GOOD.replace("    params: {min_count: 2}", "    nproc: 0\n    params: {min_count: 2}"),
+    "nproc not a count": (GOOD.replace("    params: {min_count: 2}",
+                                       "    nproc: 0\n    params: {min_count: 2}"),
                           ["stages.prepare.nproc: expected a positive number of processes, got 0"]),
     "nproc on a one-process command": (
         GOOD.replace("    params: {min_count: 2}", "    nproc: 2\n    params: {min_count: 2}"),
         ["stages.prepare.nproc: 'capstack prepare' runs as one process", "extract-grid", "train"]),
     "foreach item param unknown": (
-        GOOD + "  copies:\n    foreach: {a: {n: 1}}\n    do:\n      cmd: capstack prepare ${item.m} y\n",
+        GOOD + "  copies:\n    foreach: {a: {n: 1}}\n    do:\n"
+               "      cmd: capstack prepare ${item.m} y\n",
         ["stages.copies@a.cmd: unknown param ${item.m}"]),
 }
 
@@ -169,7 +174,8 @@ def test_foreach_makes_one_stage_per_key(tmp_path):
     stages = load_stages_file(path, main.commands)
     assert stages.order[-2:] == ("train@show_tell", "train@top_down")
     st = stages.stage("train@show_tell")
-    assert st.cmd == "capstack train configs/show_tell.yaml --out runs/show_tell --set train.epochs=2"
+    assert st.cmd == ("capstack train configs/show_tell.yaml --out runs/show_tell "
+                      "--set train.epochs=2")
     assert st.deps == ("data/prepared", "data/grid.json") and st.outs == ("runs/show_tell",)
     assert st.params == {"item.epochs": 2, "item.features": "grid", "key": "show_tell"}
     assert stages.upstream["train@top_down"] == ("prepare",)

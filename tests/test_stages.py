@@ -171,7 +171,8 @@ def test_failed_command_records_nothing(project):
 
 
 # -- killed half way, two at once -----------------------------------------------------------
-SLOW = STAGES.replace("{train: 6, seed: 0}", "{train: 4000, seed: 0}").replace("--size 32", "--size 96")
+SLOW = (STAGES.replace("{train: 6, seed: 0}", "{train: 4000, seed: 0}")
+        .replace("--size 32", "--size 96"))
 
 
 def _start_run(workdir: Path, stage: str) -> subprocess.Popen:

@@ -287,7 +287,8 @@ def test_a_store_holds_whatever_fields_its_metadata_declares(tmp_path, suffix):
         for name in ATTRIBUTES.names[1:]:
             np.testing.assert_array_equal(got[name], rec[name])
     batch = store.read_batch([6, 7], fields=("attr_ids", "attr_scores"))
-    assert batch.fields["attr_ids"].shape == (2, 4, 3) and batch.fields["attr_ids"].dtype == np.int32
+    assert (batch.fields["attr_ids"].shape == (2, 4, 3)
+            and batch.fields["attr_ids"].dtype == np.int32)
     np.testing.assert_array_equal(batch.fields["attr_ids"][1, :1], records[7]["attr_ids"])
     assert not batch.fields["attr_ids"][1, 1:].any()
     np.testing.assert_array_equal(batch.fields["attr_scores"][0], records[6]["attr_scores"])

@@ -72,7 +72,8 @@ def test_meteor_is_handed_one_line_per_caption_whatever_it_is_given():
     """METEOR reads ``SCORE ||| ref ||| ... ||| hypothesis`` lines on stdin. Handed text with a
     ``|||`` (one reference read as two) or a line break (the protocol out of step), METEOR gave
     0.576 instead of 1.0, or ``ValueError: could not convert string to float: b'2.0 2.0 ...'``
-    (METEOR None). Now the METEOR metric puts every caption on one line itself, whatever calls it."""
+    (METEOR None). Now the METEOR metric puts every caption on one line itself, whatever calls
+    it."""
     refs = {1: ["a red circle", "a circle"], 2: ["two blue squares", "blue squares"],
             3: ["a star", "one star"]}
     res = {1: ["a red circle"], 2: ["two blue squares"], 3: ["a star"]}

@@ -101,7 +101,8 @@ def test_stores_are_concatenated_and_box_geometry_appended(data):
     assert geo.feature_dim == 16 + 5
     np.testing.assert_allclose(feats[0, :, 16:20].float().numpy()[mask[0].numpy()],
                                (boxes[0] / 64).numpy()[mask[0].numpy()], atol=1e-3)
-    with pytest.raises(CapstackError, match=r"box_geometry: needs stores with boxes \(.*grid.lmdb: 2x2 grid"):
+    with pytest.raises(CapstackError,
+                       match=r"box_geometry: needs stores with boxes \(.*grid.lmdb: 2x2 grid"):
         Features([grid], box_geometry=True)
 
 
@@ -226,7 +227,8 @@ def test_training_refuses_stores_lacking_images(data, tmp_path):
     ("eval.split=dev", "eval.split: expected one of train, val, test, got 'dev'"),
     ("decoder.hiden=3", r"decoder.hiden: unknown key 'hiden' \(known: dropout, embed, hidden"),
     ("decoder.name=nope", r"decoder.name: unknown decoder 'nope' \(choose gru_init,"),
-    ("objective.name=nope", r"objective.name: unknown objective 'nope' \(choose adversarial, c2f, .*scst, .*xe"),
+    ("objective.name=nope",
+     r"objective.name: unknown objective 'nope' \(choose adversarial, c2f, .*scst, .*xe"),
     ("objective.scheduled_sampling_max=high", "objective.scheduled_sampling_max: expected float"),
 ])
 def test_experiment_file_errors_name_the_field(data, tmp_path, override, problem):
@@ -337,7 +339,8 @@ def test_another_objective_name_starts_its_section_afresh(data, tmp_path):
     not fit); the same name keeps them."""
     _, prepared, grid, _ = data
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
-                            features=[grid], objective={"name": "xe", "scheduled_sampling_start": 2})
+                            features=[grid],
+                            objective={"name": "xe", "scheduled_sampling_start": 2})
     assert load_experiment(path).objective.config.scheduled_sampling_start == 2
     same = load_experiment(path, ["objective.name=xe", "objective.scheduled_sampling_max=0.5"])
     assert (same.objective.config.scheduled_sampling_start,
@@ -380,5 +383,6 @@ def test_evaluation_reads_the_eval_settings_of_the_experiment(data, tmp_path):
     given = evaluate_checkpoint(tmp_path / "run", tmp_path / "e3", beam_size=1, split="test",
                                 spice=False)
     assert (given["beam_size"], given["split"]) == (1, "test")
-    with pytest.raises(CapstackError, match="capstack evaluate: eval.beam_size: must be from 1 to 100, got 0"):
+    with pytest.raises(CapstackError,
+                       match="capstack evaluate: eval.beam_size: must be from 1 to 100, got 0"):
         evaluate_checkpoint(tmp_path / "run", tmp_path / "e4", beam_size=0, spice=False)

@@ -83,9 +83,10 @@ def write_feature_store(path: Path, image_ids, *, kind="grid", rows=4, dim=16, s
             if kind == "regions":
                 x = rng.uniform(0, 30, (n, 2)).astype(np.float32)
                 boxes = np.concatenate([x, x + 20], 1)
-            records.append((int(i), Record(feats, 64, 64, boxes=boxes,
-                                           scores=np.ones(n, np.float32) if boxes is not None else None,
-                                           classes=np.zeros(n, np.int32) if boxes is not None else None)))
+            records.append((int(i),
+                            Record(feats, 64, 64, boxes=boxes,
+                                   scores=np.ones(n, np.float32) if boxes is not None else None,
+                                   classes=np.zeros(n, np.int32) if boxes is not None else None)))
         writer.write(records)
         writer.finish()
     return path

@@ -5,9 +5,10 @@ vocabulary and the metadata of the stores it was trained on, besides the
 weights and the optimiser, scheduler and objective states that make a resume
 exact. Resuming or evaluating against stores, a vocabulary or a decoder config
 other than the checkpoint's is refused, naming the field and both values.
-Checkpoints of the first format (flat experiment files) are read through
-:func:`upgrade`. Every checkpoint carries a sha256 of its content, checked on
-load (:func:`content_digest`). Those saved before checksums, which may have been
+Checkpoints of an older form (the first format's flat experiment, keys that moved,
+decoder settings added since) are brought to today's by trainer/upgrade.py, once per
+load. Every checkpoint carries a sha256 of its content, checked on load
+(:func:`content_digest`). Those saved before checksums, which may have been
 edited, are checked by form instead: every field the commands read is there and
 of its type, nothing nests deeper than :data:`MAX_DEPTH`, the vocabulary is the
 identity's and the weights fit the decoder the experiment describes
@@ -16,7 +17,6 @@ identity's and the weights fit the decoder the experiment describes
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 from pathlib import Path
@@ -27,9 +27,12 @@ from pipeline.captions.vocab import Vocabulary, digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.state_dicts import first_misfit, require_fit, tensors_only
+from trainer import upgrade
+from trainer.config import experiment_from_dict
+from trainer.decoders import build_decoder
+from trainer.upgrade import FIRST_FORMAT
 
 FORMAT = "capstack-checkpoint-2"
-FIRST_FORMAT = "capstack-checkpoint-1"  # flat experiment: decoder_config, train.objective
 DIGEST = "content_sha256"  # what content_digest gave at save time
 # capstack nests about 6 deep (stores[0].meta.producer.settings...): a deeper value is an edit,
 # refused before repr() or content_digest recurse into it (a RecursionError naming nothing)
@@ -53,7 +56,8 @@ def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: 
 
 
 def check_identity(saved: dict, current: dict, path: Path) -> None:
-    """Raise naming the first differing field, e.g. ``stores[0].fingerprint: checkpoint a, now b``."""
+    """Raise naming the first differing field, e.g. ``stores[0].fingerprint: checkpoint a, now
+    b``."""
     for field, old, new in _differences(saved, current, ""):
         raise CapstackError(f"{path}: {field}: the checkpoint has {old!r}, this run has {new!r} "
                             f"(train a new experiment, or use the checkpoint's data and config)")
@@ -62,7 +66,8 @@ def check_identity(saved: dict, current: dict, path: Path) -> None:
 def _differences(old, new, prefix: str):
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
-            yield from _differences(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)
+            field = f"{prefix}.{key}" if prefix else key
+            yield from _differences(old.get(key), new.get(key), field)
     elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         for k, (a, b) in enumerate(zip(old, new)):
             yield from _differences(a, b, f"{prefix}[{k}]")
@@ -122,48 +127,10 @@ def load_checkpoint(path: str | Path) -> dict:
                             f"checkpoint (best.pt, last.pt) or train again")
     check_form(payload, path)
     payload["path"] = str(path)
-    payload = upgrade(payload) if payload["format"] == FIRST_FORMAT else payload
-    payload["identity"] = with_new_decoder_settings(payload["identity"])
-    from trainer.config import read_old_keys  # objective.cider_cache, train.betas, ...
-
-    payload["experiment"] = read_old_keys(payload["experiment"], str(path))
+    payload = upgrade.checkpoint(payload)  # once: whatever form it was saved in, today's
+    payload["format"] = FORMAT
     check_contents(payload, path)
-    if not isinstance(payload.get("table"), dict):  # saved before checkpoints said it
-        payload["table"] = table_labels_of(payload["experiment"])
     return payload
-
-
-def with_new_decoder_settings(saved: dict) -> dict:
-    """The identity with each decoder setting added since it was saved, at its default.
-
-    A decoder's new setting defaults to what the decoder did before it (top_down's
-    ``att_activation: tanh``), so that is what the saved run had: without this, its identity
-    would differ from the one its own experiment now reads as, and every command would refuse
-    it (``decoder.att_activation: the checkpoint has None, this run has 'tanh'``)."""
-    from trainer.decoders import DECODERS
-
-    decoder = saved["decoder"]
-    if decoder.get("name") not in DECODERS:
-        return saved  # check_contents names the unknown decoder
-    defaults = {f.name: f.default for f in dataclasses.fields(DECODERS.get(decoder["name"]).Config)
-                if f.default is not dataclasses.MISSING}
-    return {**saved, "decoder": {**decoder, **{k: v for k, v in defaults.items()
-                                               if k not in decoder}}}
-
-
-def table_labels(objective) -> dict:
-    """How a table names the training a checkpoint had (``SCST``, ``reinforcement``): saved in
-    the checkpoint and copied into metrics.json, so reports need no registry."""
-    return {"training": objective.label, "family": objective.family}
-
-
-def table_labels_of(experiment: dict) -> dict:
-    """:func:`table_labels` of a checkpoint saved before checkpoints recorded them."""
-    from trainer.objectives import OBJECTIVES
-
-    name = (experiment.get("objective") or {}).get("name", "xe")
-    return table_labels(OBJECTIVES.get(name)) if name in OBJECTIVES else \
-        {"training": name, "family": "unknown"}
 
 
 def check_depth(payload: dict, path: Path) -> None:
@@ -243,9 +210,6 @@ def check_form(payload: dict, path: Path) -> None:
 def check_contents(payload: dict, path: Path) -> None:
     """The vocabulary is the one the identity names, and the weights fit the decoder the
     experiment describes (built on the meta device: shapes only, no memory)."""
-    from trainer.config import experiment_from_dict
-    from trainer.decoders import build_decoder
-
     vocab = Vocabulary.from_json(payload["vocab"], f"{path}: vocab")
     named = payload["identity"]["vocab"]["md5"]
     if vocab.digest() != named:
@@ -279,18 +243,3 @@ def _converts(state: dict, model) -> bool:
     except Exception:  # a conversion failing on these weights: a misfit, the caller names it
         return False
     return True
-
-
-def upgrade(payload: dict) -> dict:
-    """A first-format checkpoint in today's form: the experiment's components, the identity's
-    decoder as one mapping, no objective state (no objective owned any then)."""
-    from trainer.config import new_form
-
-    old = payload["identity"]
-    payload["experiment"] = new_form(payload["experiment"])
-    payload["identity"] = {"decoder": {"name": old["decoder"], **old["decoder_config"]},
-                           "vocab": old["vocab"],
-                           "stores": [{"fingerprint": s["fingerprint"]} for s in old["stores"]]}
-    payload.setdefault("objective", {"modules": {}, "optimizers": {}, "extra": {}})
-    payload["format"] = FORMAT
-    return payload

@@ -1,4 +1,5 @@
-"""Experiment configuration: yaml -> dataclasses, strictly (an unknown key or a wrong type is an error).
+"""Experiment configuration: yaml -> dataclasses, strictly (an unknown key or a wrong type is an
+error).
 
 An experiment file names its components, each a mapping whose ``name`` picks a
 registered class and whose other keys fill that class's own config dataclass::
@@ -21,10 +22,9 @@ mix's ``parts``): a field declared with ``component(REGISTRY)`` is read the same
 way wherever it sits, and ``--set objective.reward.name=bleu`` starts that one
 afresh too. Errors read ``FILE: section.key: problem``.
 
-``objective.cider_cache: FILE``, the reward before rewards were components, is
-still read (experiment files, stages' ``--set`` and checkpoints carry it), as
-``objective.reward: {name: cider-d, cache: FILE}``, with a warning; so are
-``train.betas`` and ``train.weight_decay``, as ``train.optimizer: {name: adam, ...}``.
+Older forms (the flat experiment, keys whose settings moved, such as
+``objective.cider_cache`` or ``train.betas``) are read, or refused with their rewrite, by
+trainer/upgrade.py, once, when the file is loaded; this module knows today's form only.
 
 Every number of a config has a declared :class:`Bound` (``bounded(default, low,
 high)``), checked when the file is read: a whole number lies from ``low`` to
@@ -41,7 +41,6 @@ import math
 import re
 import types
 import typing
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -53,6 +52,7 @@ from pipeline.core.errors import CapstackError, not_utf8, too_deep
 from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURES,  # noqa: F401
                             MAX_IMAGES, MAX_REGIONS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, Bound,
                             bounded)
+from trainer import upgrade
 from trainer.components import Component, component, file_form
 from trainer.decoders import DECODERS
 from trainer.objectives import OBJECTIVES
@@ -149,12 +149,9 @@ class ExperimentConfig:
 def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
     """Read an experiment yaml, apply ``section.key=value`` overrides, check everything."""
     path = Path(path)
-    data = extended(path, read_yaml_mapping(path), [])
-    refuse_old_form(data, str(path))
-    data = read_old_keys(data, str(path))
+    data = upgrade.experiment_file(extended(path, read_yaml_mapping(path), []), str(path))
     for item in overrides:
-        refuse_old_override(item)
-        for each in old_reward_override(old_optimizer_override(item)):
+        for each in upgrade.override(item):
             apply_override(data, each, str(path), ExperimentConfig)
     return experiment_from_dict(data, str(path))
 
@@ -214,15 +211,10 @@ def read_yaml_mapping(path: Path) -> dict:
     return data
 
 
-def read_old_keys(data: dict, where: str) -> dict:
-    """Keys an experiment had before their settings moved, in their places now."""
-    return read_old_amp(read_old_batching(read_old_optimizer(read_old_reward(data, where), where),
-                                          where))
-
-
 def experiment_from_dict(data: dict, where: str) -> ExperimentConfig:
-    """A checked experiment from its file form (a checkpoint's ``experiment`` too)."""
-    config = from_dict(ExperimentConfig, read_old_keys(data, where), where)
+    """A checked experiment from today's file form (a checkpoint's ``experiment`` once
+    trainer/upgrade.py has read it)."""
+    config = from_dict(ExperimentConfig, data, where)
     check_pairing(config, where)
     return config
 
@@ -358,7 +350,8 @@ def component_from_dict(registry, value, where: str, name: str,
 
 
 def convert(hint, value, where: str, field: str):
-    """``value`` as type ``hint`` (int, float, bool, str, Literal, list[...], dict, dataclass, X | None)."""
+    """``value`` as type ``hint`` (int, float, bool, str, Literal, list[...], dict, dataclass,
+    X | None)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
@@ -421,175 +414,3 @@ def check_pairing(config: ExperimentConfig, where: str) -> None:
         raise CapstackError(f"{where}: objective.name: {config.objective.name} needs "
                             f"{needed.requirement} ({', '.join(able)}); decoder.name is "
                             f"{config.decoder.name}")
-
-
-# ------------------------------------------------------------------------- the old form
-
-OLD_TRAIN_KEYS = {  # train.<key> of the flat form -> its place in the objective section
-    "objective": "name", "cider_cache": "cider_cache", "scst_samples": "samples",
-    "scst_baseline": "baseline", "c2f_coarse_term": "coarse_term",
-    "scheduled_sampling_start": "scheduled_sampling_start",
-    "scheduled_sampling_increase_every": "scheduled_sampling_increase_every",
-    "scheduled_sampling_increase": "scheduled_sampling_increase",
-    "scheduled_sampling_max": "scheduled_sampling_max",
-}
-
-
-def new_form(data: dict) -> dict:
-    """An experiment of the flat form (``decoder: NAME``, ``decoder_config``, the objective's
-    settings under ``train``) in the form of components; unchanged when already new."""
-    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    if isinstance(data.get("decoder"), str) or "decoder_config" in data:
-        name = data.get("decoder")
-        data["decoder"] = {"name": name, **(data.pop("decoder_config", None) or {})}
-    train = data.get("train") if isinstance(data.get("train"), dict) else {}
-    moved = {new: train.pop(old) for old, new in OLD_TRAIN_KEYS.items() if old in train}
-    if moved:
-        name = moved.pop("name", "xe")
-        known = {f.name for f in dataclasses.fields(OBJECTIVES.get(name).Config)}
-        if "reward" in known and "cider_cache" in moved:  # in its place
-            moved = {("reward" if k == "cider_cache" else k):
-                     ({"name": "cider-d", "cache": v} if k == "cider_cache" else v)
-                     for k, v in moved.items()}
-        data["objective"] = {"name": name, **{k: v for k, v in moved.items() if k in known}}
-    order = ["name", "decoder", "objective", "data", "train", "eval"]
-    return {k: data[k] for k in order if k in data} | {k: v for k, v in data.items()
-                                                       if k not in order}
-
-
-def refuse_old_form(data: dict, where: str) -> None:
-    """An experiment file of the flat form is refused, with the same experiment in the new form."""
-    old = [k for k in ("decoder_config",) if k in data]
-    old += ["decoder"] if isinstance(data.get("decoder"), str) else []
-    train = data.get("train") if isinstance(data.get("train"), dict) else {}
-    old += [f"train.{k}" for k in OLD_TRAIN_KEYS if k in train]
-    if not old:
-        return
-    shown = yaml.safe_dump(new_form(data), sort_keys=False, default_flow_style=None, width=100)
-    raise CapstackError(f"{where}: {', '.join(old)}: the old form of an experiment file; "
-                        f"decoder and objective are components now, each a mapping with its "
-                        f"name. Write it as:\n\n{shown}")
-
-
-def refuse_old_override(item: str) -> None:
-    key = item.partition("=")[0]
-    section, _, rest = key.partition(".")
-    if section == "train" and rest == "cider_cache":
-        raise CapstackError(f"--set {item}: {key} is objective.reward now (the objective is its "
-                            f"own section, the reward a component of it: --set 'objective.reward="
-                            f"{{name: cider-d, cache: {item.partition('=')[2]}}}')")
-    if section == "train" and rest in OLD_TRAIN_KEYS:
-        raise CapstackError(f"--set {item}: {key} is objective.{OLD_TRAIN_KEYS[rest]} now (the "
-                            f"objective is its own section: --set objective.{OLD_TRAIN_KEYS[rest]}"
-                            f"={item.partition('=')[2]}, or a whole section: --set 'objective="
-                            f"{{name: scst, reward: {{name: cider-d, cache: FILE}}}}')")
-    if section == "decoder_config":
-        raise CapstackError(f"--set {item}: decoder_config.{rest} is decoder.{rest} now "
-                            f"(--set decoder.{rest}={item.partition('=')[2]})")
-
-
-# ------------------------------------------------------------------------- the reward's old key
-
-OLD_REWARD = ("objective.cider_cache is objective.reward: {name: cider-d, cache: FILE} now "
-              "(read as that; write the reward so)")
-
-
-def warn_old_reward() -> None:
-    """The one warning of the old key: shown once per process (Python's default filter for a
-    FutureWarning of the same text from the same line)."""
-    warnings.warn(OLD_REWARD, FutureWarning)
-
-
-def read_old_reward(data: dict, where: str) -> dict:
-    """``objective.cider_cache: FILE``, from before rewards were components, as
-    ``objective.reward: {name: cider-d, cache: FILE}`` in its place, with a warning: read, not
-    refused, since stages files' ``--set`` and checkpoints in the wild carry it."""
-    objective = data.get("objective")
-    if not isinstance(objective, dict) or "cider_cache" not in objective:
-        return data
-    if "reward" in objective:
-        raise CapstackError(f"{where}: objective.cider_cache: objective.reward names the reward "
-                            f"already; drop cider_cache (the old form of reward: {{name: "
-                            f"cider-d, cache: FILE}})")
-    warn_old_reward()
-    reward = {"name": "cider-d", "cache": objective["cider_cache"]}
-    return {**data, "objective": {("reward" if k == "cider_cache" else k):
-                                  (reward if k == "cider_cache" else v)
-                                  for k, v in objective.items()}}
-
-
-# ------------------------------------------------------------------------- the optimiser's old keys
-
-OLD_OPTIMIZER_KEYS = ("betas", "weight_decay")  # train.<key> -> train.optimizer.<key> (Adam's)
-OLD_OPTIMIZER = ("train.betas and train.weight_decay are train.optimizer.betas and "
-                 "train.optimizer.weight_decay now, the settings of train.optimizer: {name: adam} "
-                 "(read as that; write them so)")
-
-
-def read_old_optimizer(data: dict, where: str) -> dict:
-    """``train.betas`` / ``train.weight_decay``, Adam's settings from before the optimiser was
-    a component, as ``train.optimizer: {name: adam, ...}``, with a warning (experiment files
-    and checkpoints carry them). Beside a ``train.optimizer`` they are refused."""
-    train = data.get("train")
-    if not isinstance(train, dict) or not any(k in train for k in OLD_OPTIMIZER_KEYS):
-        return data
-    old = {k: train[k] for k in OLD_OPTIMIZER_KEYS if k in train}
-    if "optimizer" in train:
-        raise CapstackError(f"{where}: train.{next(iter(old))}: train.optimizer names the "
-                            f"optimiser already; give its settings there")
-    warnings.warn(OLD_OPTIMIZER, FutureWarning)
-    kept = {k: v for k, v in train.items() if k not in OLD_OPTIMIZER_KEYS}
-    return {**data, "train": {**kept, "optimizer": {"name": "adam", **old}}}
-
-
-def old_optimizer_override(item: str) -> str:
-    """``train.betas=...`` as ``train.optimizer.betas=...``, with a warning."""
-    key, _, value = item.partition("=")
-    section, _, rest = key.partition(".")
-    if section != "train" or rest not in OLD_OPTIMIZER_KEYS:
-        return item
-    warnings.warn(OLD_OPTIMIZER, FutureWarning)
-    return f"train.optimizer.{rest}={value}"
-
-
-# ------------------------------------------------------------------------- batching's old key
-
-OLD_BATCHING = ("data.bucket_by_length is data.batching now: length_buckets for true, images "
-                "for false (read as that; write it so)")
-
-
-def read_old_batching(data: dict, where: str) -> dict:
-    """``data.bucket_by_length: BOOL``, from before batching had three kinds, as
-    ``data.batching``: silently when false (what every checkpoint of then says), with a
-    warning when true."""
-    section = data.get("data")
-    if not isinstance(section, dict) or "bucket_by_length" not in section:
-        return data
-    bucket = section["bucket_by_length"]
-    if "batching" in section:
-        raise CapstackError(f"{where}: data.bucket_by_length: data.batching says how batches "
-                            f"are made already; drop bucket_by_length")
-    if bucket:
-        warnings.warn(OLD_BATCHING, FutureWarning)
-    kept = {k: v for k, v in section.items() if k != "bucket_by_length"}
-    return {**data, "data": {**kept, "batching": "length_buckets" if bucket is True else
-                             "images" if bucket is False else bucket}}
-
-
-def read_old_amp(data: dict) -> dict:
-    """``train.amp: BOOL``, from before autocast had a precision, as ``auto`` or ``off``."""
-    section = data.get("train")
-    if not isinstance(section, dict) or not isinstance(section.get("amp"), bool):
-        return data
-    return {**data, "train": {**section, "amp": "auto" if section["amp"] else "off"}}
-
-
-def old_reward_override(item: str) -> list[str]:
-    """``objective.cider_cache=FILE`` as the overrides it means now, with a warning:
-    ``objective.reward.name=cider-d`` (another reward's settings dropped, a cider-d's kept),
-    then ``objective.reward.cache=FILE``. Any other override as it is."""
-    key, _, value = item.partition("=")
-    if key != "objective.cider_cache":
-        return [item]
-    warn_old_reward()
-    return ["objective.reward.name=cider-d", f"objective.reward.cache={value}"]

@@ -89,7 +89,8 @@ class Features:
                 return store.path, lacking[0]
         return None
 
-    def read(self, image_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def read(self, image_ids: Sequence[int]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """features [B, L, D] float16 (a view of a reused buffer), mask [B, L], boxes or None."""
         batches = [store.read_batch(image_ids, max_rows=self.max_regions or None,
                                     allocate=buffer, fields=self.boxes_of(store))
@@ -234,7 +235,8 @@ class TrainBatches:
         span = self.batch_size * BUCKET_SPAN
         batches = []
         for start in range(0, len(rows), span):
-            chunk = rows[start:start + span][np.argsort(mean_len[start:start + span], kind="stable")]
+            window = slice(start, start + span)
+            chunk = rows[window][np.argsort(mean_len[window], kind="stable")]
             batches += np.array_split(chunk, range(self.batch_size, len(chunk), self.batch_size))
         return [batches[k] for k in rng.permutation(len(batches))]
 
@@ -298,7 +300,8 @@ def eval_batches(captions: Captions, features: Features, split: str, batch_size:
     return batches_of(features, ids[:limit] if limit else ids, batch_size)
 
 
-def batches_of(features: Features, image_ids: Sequence[int], batch_size: int) -> Iterator[EvalBatch]:
+def batches_of(features: Features, image_ids: Sequence[int],
+               batch_size: int) -> Iterator[EvalBatch]:
     """These images' features in batches (copied out of the reused read buffer)."""
     for start in range(0, len(image_ids), batch_size):
         chunk = list(image_ids[start:start + batch_size])

@@ -48,14 +48,13 @@ from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import Ranks, join
 from pipeline.core.runlock import exclusive_beside
-from trainer.checkpoint import (check_identity, identity, load_checkpoint, save_checkpoint,
-                                table_labels)
+from trainer.checkpoint import check_identity, identity, load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig, experiment_from_dict
 from trainer.data import Features, TrainBatches, covered
 from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
 from trainer.evaluation.validate import validate
-from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective
+from trainer.objectives import Setting, StepKey, TrainingLoss, build_objective, table_labels
 from trainer.optimizers import build_optimizer
 from trainer.precision import Precision
 from trainer.read_ahead import read_ahead
@@ -148,7 +147,7 @@ class Run:
         require_splits(self.captions, config.data.captions)
         self.identity = identity(config.decoder.name, asdict(config.decoder.config),
                                  self.captions.vocab.itow, self.features.describe())
-        torch.manual_seed(t.seed)  # the same initial weights (the objective's too) for the same seed
+        torch.manual_seed(t.seed)  # the same initial weights (the objective's too) per seed
         self.model: Decoder = build_decoder(config.decoder.name, config.decoder.config,
                                             len(self.captions.vocab),
                                             self.features.feature_dim).to(self.device)
@@ -329,8 +328,8 @@ class Run:
         if self.events is not None:
             step = entry.get("step", self.step)
             for key, value in entry.items():
-                if key not in ("kind", "epoch", "step", "time") and isinstance(value, (int, float)) \
-                        and not isinstance(value, bool):
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if key not in ("kind", "epoch", "step", "time") and number:
                     self.events.add_scalar(f"{entry['kind']}/{key}", value, step)
             self.events.flush()
 

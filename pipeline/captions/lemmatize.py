@@ -6,8 +6,8 @@ regularizations"), so ``configs/flickr8k.yaml``'s ``prepare_hacap`` stage passes
 Plural and inflected forms become one word, so the vocabulary is smaller or equal.
 
 A lemmatiser is registered by name in ``LEMMATIZERS`` (``lemmatizers/``, one file each);
-``simplemma`` (the PyPI package of that name) is the only one and the default. It works offline: its English dictionaries ship
-with it. What it does to a dataset (:func:`lemmatize_dataset`):
+``simplemma`` (the PyPI package of that name) is the only one and the default. It works offline:
+its English dictionaries ship with it. What it does to a dataset (:func:`lemmatize_dataset`):
 
 - each tokenised word is lemmatised on its own (language ``en``, no context), so the same word
   always gives the same lemma and two runs give the same vocabulary and labels;
@@ -26,8 +26,8 @@ The prepared folder records the lemmatiser and its installed version (``captions
 attributes ``lemmatizer`` and ``lemmatizer_version``, ``summary.json``'s ``lemmatizer``, each
 ``refs_{split}.json``'s ``info.lemmatizer``), so its checksums change with either. The stage
 engine counts the installed version of each distribution a lemmatiser's file names in
-``CODE_DISTRIBUTIONS`` as part of ``capstack prepare``'s code version (pipeline/engine/codeversion.py): upgrading
-simplemma makes a prepare stage stale.
+``CODE_DISTRIBUTIONS`` as part of ``capstack prepare``'s code version
+(pipeline/engine/codeversion.py): upgrading simplemma makes a prepare stage stale.
 """
 
 from __future__ import annotations

@@ -67,9 +67,10 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
                      force: bool = False) -> dict:
     """Write the prepared captions of ``dataset_json`` into ``out_dir``; return the counts.
 
-    ``lemmatizer`` (a name in LEMMATIZERS, pipeline/captions/lemmatizers/, None for none) lemmatises every
-    caption word before the vocabulary is chosen, and the references with the same lemmas.
-    An existing ``out_dir`` that capstack did not write is refused unless ``force``."""
+    ``lemmatizer`` (a name in LEMMATIZERS, pipeline/captions/lemmatizers/, None for none)
+    lemmatises every caption word before the vocabulary is chosen, and the references with the
+    same lemmas. An existing ``out_dir`` that capstack did not write is refused unless
+    ``force``."""
     if min_count < 1:
         raise CapstackError(f"prepare: --min-count must be at least 1, got {min_count}")
     if max_len < 1:

@@ -46,8 +46,10 @@ class Registry:
         return sorted(self._items.items())
 
     def summaries(self) -> list[tuple[str, str]]:
-        """(name, the first line of its docstring) per registered component, by name."""
-        return [(name, (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else "")
+        """(name, the first paragraph of its docstring, on one line) per registered component,
+        by name: a summary may be wrapped over several lines."""
+        return [(name, " ".join((getattr(obj, "__doc__", None) or "").strip()
+                                .split("\n\n")[0].split()))
                 for name, obj in self.items()]
 
 

@@ -79,7 +79,7 @@ def _package_modules(path: Path, package: str) -> set[str]:
     return {f"{package}.{m.name}" for m in pkgutil.iter_modules([str(path.parent)])}
 
 
-def _imported_modules(path: Path, module: str, is_package: bool) -> set[str]:
+def imported_modules(path: Path, module: str, is_package: bool) -> set[str]:
     """Every module name an ``import``/``from ... import`` in ``path`` may load, and, when
     ``path`` is a package's ``__init__`` calling the discovery helper, its every module."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -117,7 +117,7 @@ def code_files(module: str, root: Path | None = None) -> tuple[Path, ...]:
             continue  # ``from pkg import function``: not a module
         seen[name] = path
         todo.extend(_package_inits(root, name))
-        todo.extend(_imported_modules(path, name, path.name == "__init__.py"))
+        todo.extend(imported_modules(path, name, path.name == "__init__.py"))
     return tuple(sorted(set(seen.values())))
 
 

@@ -19,8 +19,8 @@ failed half way is never recorded as done.
 
 Only a capstack command has a code version (the code of the source files its
 module imports or its plug packages load, and the installed version of a
-distribution one of them names in ``CODE_DISTRIBUTIONS``: codeversion.py). Another program's code is what the stage
-lists among its deps.
+distribution one of them names in ``CODE_DISTRIBUTIONS``: codeversion.py). Another
+program's code is what the stage lists among its deps.
 """
 
 from __future__ import annotations

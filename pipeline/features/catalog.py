@@ -32,8 +32,9 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
 def check_every_record(store_path: str | Path, progress: bool = True) -> tuple[int, str | None]:
     """Read every record of the store (a read checks the record's checksum); raise naming the
     first that is damaged, has no regions, or whose floating-point fields hold NaN or infinity
-    (training on it would give a NaN loss, or a model that learned nothing). The number of records read, and
-    the kind of checksum checked (None for a store made before stores kept them)."""
+    (training on it would give a NaN loss, or a model that learned nothing). The number of
+    records read, and the kind of checksum checked (None for a store made before stores kept
+    them)."""
     from tqdm import tqdm
 
     store = open_store(store_path)

@@ -1,10 +1,11 @@
 """Decoding images for feature extraction, detector training and the demo, robust to bad files.
 
 Extractors read the images named in a Karpathy json from ``IMAGE_ROOT/relpath``
-inside DataLoader workers (so do ``train-detector`` and ``train-backbone``). A bad file never stops an extraction: :func:`load_rgb`
-raises :class:`ImageSkipped` with a short reason, :class:`ImageDataset` turns
-that into an item with ``"skipped": reason`` and :func:`collate_images` collects
-the ``(image_id, reason)`` pairs of a batch next to the images that loaded.
+inside DataLoader workers (so do ``train-detector`` and ``train-backbone``). A bad
+file never stops an extraction: :func:`load_rgb` raises :class:`ImageSkipped` with
+a short reason, :class:`ImageDataset` turns that into an item with ``"skipped":
+reason`` and :func:`collate_images` collects the ``(image_id, reason)`` pairs of a
+batch next to the images that loaded.
 
 How :func:`load_rgb` makes RGB of each PIL mode (after a full decode and after the
 EXIF orientation is applied with ``ImageOps.exif_transpose``):
@@ -226,7 +227,8 @@ def _scale_float(values: np.ndarray) -> np.ndarray:
 
 
 def karpathy_items(images: Iterable, image_root: str | Path) -> list[tuple[int, Path]]:
-    """``(image_id, image_root / relpath)`` for :class:`pipeline.captions.karpathy.KarpathyImage` s."""
+    """``(image_id, image_root / relpath)`` for
+    :class:`pipeline.captions.karpathy.KarpathyImage` s."""
     root = Path(image_root)
     return [(im.image_id, root / im.relpath) for im in images]
 

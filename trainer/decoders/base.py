@@ -173,7 +173,8 @@ class Decoder(nn.Module):
         """The state before the first word of ``rows`` rows, k = rows / B of each image."""
         raise NotImplementedError
 
-    def step(self, words: Tensor, state: State, ctx: Context) -> tuple[Tensor, State, Tensor | None]:
+    def step(self, words: Tensor, state: State,
+             ctx: Context) -> tuple[Tensor, State, Tensor | None]:
         """words [N] -> logits [N, V], the next state, attention [N, L] (or None); N rows of the
         context's B images, N / B each.
 
@@ -216,7 +217,8 @@ class Decoder(nn.Module):
         """Whether teacher forcing may project all steps at once (the decoder splits its step)."""
         return type(self).step_hidden is not Decoder.step_hidden
 
-    def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
+    def forward(self, ctx: Context, captions: Tensor,
+                feed: WordFeed | None = None) -> DecoderOutput:
         """Teacher forcing over captions [N, T+1] (<bos> first): logits for positions 1..T.
 
         ``ctx`` holds the images, ``captions`` k rows of each (adjacent). ``feed``, when
@@ -296,8 +298,6 @@ class StagedDecoder(Decoder):
 
     def figures(self, pictures) -> None:
         """Stack-Cap's Figure 3: every stage's greedy caption and attention, coarse to fine."""
-        from trainer.evaluation.figures import stages_figure
-
         per_stage = []
         for stage in range(self.stages):
             with self.heading(stage):
@@ -309,7 +309,7 @@ class StagedDecoder(Decoder):
             path = pictures.image(p.image_id)
             if path is None:
                 continue
-            rows = [("coarse" if i == 0 else f"fine {i}", s[k].words, None if i == 0 else s[k].alphas)
-                    for i, s in enumerate(per_stage)]
-            pictures.draw("stages", p.image_id, stages_figure, path, rows, grid=pictures.grid,
+            rows = [("coarse" if i == 0 else f"fine {i}", s[k].words,
+                     None if i == 0 else s[k].alphas) for i, s in enumerate(per_stage)]
+            pictures.draw("stages", p.image_id, path, rows, grid=pictures.grid,
                           boxes=None if pictures.grid else fine.boxes)

@@ -261,8 +261,6 @@ class HACap(Decoder):
 
     def figures(self, pictures) -> None:
         """HACap's Figures 3-4: the MANAGER's goals along each evaluated caption."""
-        from trainer.evaluation.figures import goals_figure
-
         preds = pictures.preds
         batch = pictures.batch()
         length = max(len(p.words) for p in preds) + 1
@@ -273,7 +271,7 @@ class HACap(Decoder):
         trace = self.goal_trace(self.encode(batch.feats, batch.mask), tokens)
         for k, p in enumerate(preds):
             if p.words:
-                pictures.draw("goals", p.image_id, goals_figure, p.words,
+                pictures.draw("goals", p.image_id, p.words,
                               trace["subgoals"][k].cpu().numpy(),
                               trace["cosines"][k].cpu().numpy(),
                               trace["goals"][k].cpu().numpy(), title=" ".join(p.words))

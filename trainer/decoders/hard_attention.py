@@ -45,7 +45,7 @@ class HardAttentionConfig(SoftAttentionConfig):
 
 @DECODERS.register("hard_attention")
 class HardAttention(SoftAttention):
-    """Show-Attend-Tell hard attention: a sampled location per step, REINFORCE with a moving-average baseline."""
+    """Show-Attend-Tell hard attention: a location sampled per step, REINFORCE, moving baseline."""
 
     Config = HardAttentionConfig
 
@@ -53,7 +53,8 @@ class HardAttention(SoftAttention):
         super().__init__(config, vocab_size, feature_dim)
         self.register_buffer("baseline", torch.zeros(()))
 
-    def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
+    def forward(self, ctx: Context, captions: Tensor,
+                feed: WordFeed | None = None) -> DecoderOutput:
         if not self.training:
             return super().forward(ctx, captions, feed)
         n = captions.shape[0]

@@ -45,7 +45,7 @@ class SoftAttentionConfig(DecoderConfig):
 
 @DECODERS.register("soft_attention")
 class SoftAttention(Decoder):
-    """Show-Attend-Tell soft attention: f_att over h_{t-1}, gate beta, deep output, doubly stochastic penalty."""
+    """Show-Attend-Tell soft attention: f_att(h_{t-1}), gate beta, deep output, doubly stoch."""
 
     Config = SoftAttentionConfig
 

@@ -4,7 +4,7 @@ Per step t, with y_{t-1} the previous word's embedding and f(V) the mean feature
 
     o0_t, h0_t = LSTM_coarse([f(V); h^{Nf}_{t-1}; y_{t-1}], h0_{t-1})          eqs 1-2
     for i = 1..Nf:
-        hhat^{i-1}_t = h^{i-1}_t + sum_n alpha^{i-1,n}_t (W^{i-1}_va V_n + b)      eq 8 (alpha^0 = 0)
+        hhat^{i-1}_t = h^{i-1}_t + sum_n alpha^{i-1,n}_t (W^{i-1}_va V_n + b)  eq 8 (alpha^0 = 0)
         A^{i,n}_t    = tanh(W^i_va V_n + W^i_ha hhat^{i-1}_t)                     eq 7
         alpha^i_t    = softmax(W^i_a A^i_t + b^i_a)                              eq 6
         g^i_t        = sum_n alpha^{i,n}_t (W^i_va V_n + b^i_va)                  eq 5
@@ -78,7 +78,8 @@ class FineAttention(nn.Module):
 
 @DECODERS.register("stack_cap")
 class StackCap(StagedDecoder):
-    """Stack-Cap: a coarse LSTM, then Nf fine LSTMs with stacked attention, every stage supervised."""
+    """Stack-Cap: a coarse LSTM, then Nf fine LSTMs with stacked attention, every stage
+    supervised."""
 
     Config = StackCapConfig
 
@@ -155,7 +156,8 @@ class StackCap(StagedDecoder):
         hidden, state, alphas = self.step_hidden(self.embed_words(words), state, ctx)
         return self.readout(hidden), state, alphas[:, max(self.head - 1, 0)]
 
-    def forward(self, ctx: Context, captions: Tensor, feed: WordFeed | None = None) -> DecoderOutput:
+    def forward(self, ctx: Context, captions: Tensor,
+                feed: WordFeed | None = None) -> DecoderOutput:
         """Every stage's logits and alphas; without a feed, every stage's output layer on all
         steps at once."""
         if feed is None:

@@ -89,7 +89,8 @@ class TopDown(Decoder):
         return zeros, zeros, zeros, zeros  # h1, c1, h2, c2
 
     def embed_words(self, words: Tensor) -> Tensor:
-        """The words' share of the attention LSTM's gates, W_e Pi_t's product: [...] -> [..., 4h]."""
+        """The words' share of the attention LSTM's gates, W_e Pi_t's product:
+        [...] -> [..., 4h]."""
         embedded = self.word_embed(words)
         if self.config.word_dropout:
             embedded = self.dropout(embedded)

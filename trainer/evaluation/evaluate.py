@@ -19,7 +19,8 @@ from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
-from trainer.checkpoint import check_identity, identity, load_checkpoint, table_labels_of
+from trainer.checkpoint import check_identity, identity, load_checkpoint
+from trainer.objectives import table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
 from trainer.data import Features, covered, eval_batches
 from trainer.decoders import build_decoder

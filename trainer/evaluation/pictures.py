@@ -3,7 +3,8 @@
 Every attention decoder gets the same picture per image (its attention over the
 grid cells or regions, :meth:`Pictures.attention`). A decoder with more to show
 draws it in its own ``figures`` hook (Stack-Cap's caption per stage, HACap's
-goals), from a :class:`Pictures`: evaluation knows no decoder's kind.
+goals), from a :class:`Pictures`, naming the picture (:meth:`Pictures.draw`):
+evaluation knows no decoder's kind, and no decoder imports evaluation.
 """
 
 from __future__ import annotations
@@ -58,25 +59,26 @@ class Pictures:
             return None
         return path
 
-    def draw(self, what: str, image_id: int, draw, *args, **kwargs) -> None:
-        """``draw(*args, out, **kwargs)`` into ``<out_dir>/<what>/<image id>.png``; a picture
-        that cannot be drawn (an image that no longer loads) is said and skipped."""
+    def draw(self, what: str, image_id: int, *args, **kwargs) -> None:
+        """The picture ``what`` (a name in figures.PER_IMAGE: attention, stages, goals) of
+        ``args``/``kwargs`` into ``<out_dir>/<what>/<image id>.png``; a picture that cannot be
+        drawn (an image that no longer loads) is said and skipped."""
+        from trainer.evaluation.figures import PER_IMAGE
+
         try:
-            draw(*args, self.out_dir / what / f"{image_id}.png", **kwargs)
+            PER_IMAGE[what](*args, self.out_dir / what / f"{image_id}.png", **kwargs)
         except CapstackError as error:
             log.warning("%s figure for image %s skipped: %s", what, image_id, error)
 
     def attention(self) -> None:
         """Every attention decoder's picture: where it looked for each word."""
-        from trainer.evaluation.figures import attention_figure
-
         grid, preds = self.grid, self.preds
         if not preds or preds[0].alphas is None or (grid is None and preds[0].boxes is None):
             return  # no attention, or grid and regions concatenated: no single picture of them
         for p in preds:
             path = self.image(p.image_id)
             if path is not None:
-                self.draw("attention", p.image_id, attention_figure, path, p.words, p.alphas,
+                self.draw("attention", p.image_id, path, p.words, p.alphas,
                           grid=grid, boxes=None if grid else p.boxes, title=" ".join(p.words))
 
     def files(self) -> dict[int, Path]:

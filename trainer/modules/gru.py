@@ -43,7 +43,8 @@ class GRUCell(StepsAhead, nn.GRUCell):
     def state_weights(self) -> tuple[Tensor, Tensor]:
         return self.weight_hh, self.bias_hh
 
-    def step(self, share: Tensor, h: Tensor, weights: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def step(self, share: Tensor, h: Tensor,
+             weights: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x's share [N, 3H] (:meth:`project`), h [N, H] -> h' [N, H], as nn.GRUCell computes it."""
         x_r, x_z, x_n = share.chunk(3, 1)
         h_r, h_z, h_n = F.linear(h, *(weights or self.state_weights())).chunk(3, 1)

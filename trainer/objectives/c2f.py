@@ -37,7 +37,8 @@ from trainer.rewards import REWARDS
 
 
 def c2f_advantages(sampled: np.ndarray, greedy_rewards: np.ndarray) -> np.ndarray:
-    """Eq 15 for stages 1..Nf: [stages, N] rewards of samples and greedy decodes -> [stages-1, N]."""
+    """Eq 15 for stages 1..Nf: [stages, N] rewards of samples and greedy decodes ->
+    [stages-1, N]."""
     return 2 * sampled[1:] - greedy_rewards[1:] - sampled[:-1]
 
 
@@ -50,7 +51,7 @@ class CoarseToFineConfig:
 
 @OBJECTIVES.register("c2f")
 class CoarseToFine(RewardedObjective):
-    """Stack-Cap's coarse-to-fine reward: each fine stage against its greedy decode and the stage before."""
+    """Stack-Cap's coarse-to-fine reward: each fine stage against its greedy and the last."""
 
     Config = CoarseToFineConfig
     label = "C2F"

@@ -252,5 +252,5 @@ class TrainsDiscriminator(Objective):
         self.rounds.load_state(state)
 
 
-__all__ = ["DiscriminatorRounds", "DiscriminatorSchedule", "TrainsDiscriminator", "discrimination", "dropout_off",
-           "global_token_rows", "with_bos"]
+__all__ = ["DiscriminatorRounds", "DiscriminatorSchedule", "TrainsDiscriminator", "discrimination",
+           "dropout_off", "global_token_rows", "with_bos"]

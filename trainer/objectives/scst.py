@@ -96,12 +96,13 @@ class SelfCriticalConfig:
 
     def check(self):
         if self.baseline == "mean" and self.samples < 2:
-            yield f"baseline: 'mean' (of the image's other samples) needs samples >= 2, got {self.samples}"
+            yield (f"baseline: 'mean' (of the image's other samples) needs samples >= 2, "
+                   f"got {self.samples}")
 
 
 @OBJECTIVES.register("scst")
 class SelfCritical(RewardedObjective):
-    """Self-critical sequence training: CIDEr-D of samples against the greedy decode (or the mean)."""
+    """Self-critical sequence training: CIDEr-D of samples against the greedy one (or the mean)."""
 
     Config = SelfCriticalConfig
     label = "SCST"

@@ -138,7 +138,8 @@ class CiderD:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, image_ids: Sequence[int], tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def score(self, image_ids: Sequence[int], tokens: np.ndarray,
+              lengths: np.ndarray) -> np.ndarray:
         """CIDEr-D [M] of candidates tokens [M, T] (vocabulary ids, ``lengths`` words each)."""
         tokens, lengths = np.asarray(tokens), np.asarray(lengths)
         images = np.searchsorted(self.image_ids, np.asarray(image_ids, np.int64))

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
 
 JAVA_MISSING = "java not found"
 
@@ -34,10 +37,11 @@ _END = object()  # the key of the end marker caption, never a caller's
 _END_CAPTION = "capstackendofcaptions"
 
 
-def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[str]]:
+def _ptb_tokenize(captions: Mapping[Key, list[str]]) -> dict[Key, list[str]]:
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-    wrapped = {k: [{"caption": c} for c in caps] for k, caps in captions.items()}
+    wrapped: dict[object, list[dict]] = {k: [{"caption": c} for c in caps]
+                                         for k, caps in captions.items()}
     wrapped[_END] = [{"caption": _END_CAPTION}]
     out = PTBTokenizer().tokenize(wrapped)
     # PTB pairs output lines with ids by position and drops lines past the last id (zip): a
@@ -60,18 +64,20 @@ def one_line(text: str) -> str:
     return " ".join(text.replace("|", " ").split())
 
 
-def tokenize_any(captions: dict[Hashable, list[str]]) -> tuple[dict[Hashable, list[str]], str]:
-    captions = {k: [one_line(c) for c in caps] for k, caps in captions.items()}
+def tokenize_any(captions: Mapping[Key, list[str]]) -> tuple[dict[Key, list[str]], str]:
+    """Every caption on one line, then tokenized by PTB (Java), or by the simple tokenizer
+    when Java is missing or PTB fails; the captions and the tokenizer's name."""
+    lines = {k: [one_line(c) for c in caps] for k, caps in captions.items()}
     if java_missing() is None:
         try:
-            return _ptb_tokenize(captions), "ptb"
+            return _ptb_tokenize(lines), "ptb"
         except Exception as exc:  # noqa: BLE001 - fall back rather than lose the run
             name = f"simple (ptb failed: {type(exc).__name__}: {exc})"
     else:
         name = f"simple ({JAVA_MISSING})"
-    return {k: [simple_tokenize(c) for c in caps] for k, caps in captions.items()}, name
+    return {k: [simple_tokenize(c) for c in caps] for k, caps in lines.items()}, name
 
 
 def tokenize(captions: dict[int, list[str]]) -> tuple[dict[int, list[str]], str]:
     """PTB-tokenize (Java) or simple-tokenize captions; returns them and the tokenizer's name."""
-    return tokenize_any(captions)  # type: ignore[return-value]
+    return tokenize_any(captions)

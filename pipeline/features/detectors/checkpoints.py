@@ -281,7 +281,8 @@ def vg_config(path: Path, naming: Naming, state: dict[str, Tensor]) -> DetectorC
     """The VG model's settings, with the sizes the weights have."""
     def blocks(prefix: str) -> int:
         """Blocks 0, 1, ... present: keys of a block past a gap are then unexpected keys."""
-        found = {int(m.group(1)) for k in state if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
+        found = {int(m.group(1)) for k in state
+                 if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
         return next(n for n in range(len(found) + 1) if n not in found)
 
     needed = ["backbone.stem.conv1.weight", "rpn.conv.weight", "rpn.objectness.weight",

@@ -163,7 +163,8 @@ def evaluate(model: BottomUpDetector, split: list[Example], progress: bool) -> d
 
 
 def fold_box_stds(model: BottomUpDetector) -> None:
-    """Trained on deltas divided by the stds: fold them into bbox_pred (as Caffe's snapshot does)."""
+    """Trained on deltas divided by the stds: fold them into bbox_pred (as Caffe's snapshot
+    does)."""
     with torch.no_grad():
         stds = torch.tensor(targets.BBOX_STDS).repeat(model.config.num_classes)
         model.predictor.bbox_pred.weight.mul_(stds[:, None])

@@ -27,7 +27,8 @@ def shard_path(store: Path, rank: int, world: int) -> Path:
 
 
 def shard_items(items: Sequence, rank: int, world: int) -> list:
-    """Rank ``rank``'s images: every ``world``-th, from the ``rank``-th (balanced sizes and costs)."""
+    """Rank ``rank``'s images: every ``world``-th, from the ``rank``-th (balanced sizes and
+    costs)."""
     return list(items[rank::world])
 
 

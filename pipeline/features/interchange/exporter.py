@@ -21,7 +21,8 @@ from pipeline.features.stores import open_store
 
 
 def export_features(store_path: Path, layout: str, out: Path, progress: bool = True) -> list[Path]:
-    """Write every record of the store at ``store_path`` to ``out`` in ``layout``; the paths made."""
+    """Write every record of the store at ``store_path`` to ``out`` in ``layout``; the paths
+    made."""
     from tqdm import tqdm
 
     if layout not in WRITERS:

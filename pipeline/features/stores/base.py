@@ -231,7 +231,7 @@ class StoreReader(ABC):
     @abstractmethod
     def _get(self, image_id: int) -> Record: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a backend with nothing to release keeps it
         """Release the backend handle (reopened lazily on the next read)."""
 
     def __getstate__(self):

@@ -1,4 +1,5 @@
-"""Drawing without a display: matplotlib's Agg renderer on Figure objects, saved whole or not at all.
+"""Drawing without a display: matplotlib's Agg renderer on Figure objects, saved whole or not
+at all.
 
 Everything draws on :class:`matplotlib.figure.Figure` objects, never through
 pyplot, so nothing opens a window or touches pyplot's global figure registry

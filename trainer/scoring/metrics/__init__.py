@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from collections.abc import Collection, Hashable
+from collections.abc import Collection, Hashable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -54,11 +54,11 @@ class Selectable(NamedTuple):
     """A value validation can score each epoch: its metric and its place among its values."""
 
     metric: Metric
-    index: int
+    position: int  # in the metric's values
 
     @property
     def label(self) -> str:
-        return self.metric.values[self.index]
+        return self.metric.values[self.position]
 
 
 def selectable() -> dict[str, Selectable]:
@@ -73,13 +73,13 @@ def score_tokenized(keys, candidates: dict[int, str],
     choices = selectable()
     refs = check_inputs(candidates, references)
     texts = Texts(refs, {k: [c] for k, c in candidates.items()}, dict(candidates))
-    computed: dict[str, list] = {}
+    computed: dict[int, Sequence] = {}  # by id(metric): each metric computed once
     out = {}
     for key in keys:
-        metric, index = choices[key]
+        metric, position = choices[key]
         if id(metric) not in computed:
             computed[id(metric)] = metric.compute(texts)
-        out[key] = float(computed[id(metric)][index])
+        out[key] = float(computed[id(metric)][position])
     return out
 
 

@@ -8,7 +8,7 @@ the value a run's ``train.select_on`` names.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -18,9 +18,9 @@ class Texts:
     (``{id: [caption, ...]}``, one candidate each), and ``captions``, each candidate as it
     was given (the decoded words, space-separated), for figures that read the words."""
 
-    references: dict[Hashable, list[str]]
-    candidates: dict[Hashable, list[str]]
-    captions: dict[Hashable, str]
+    references: dict[int, list[str]]
+    candidates: dict[int, list[str]]
+    captions: dict[int, str]
 
 
 class Metric:
@@ -45,5 +45,5 @@ class Metric:
         it can. Never a value in its place: the value is None and this is the reason."""
         return None
 
-    def compute(self, texts: Texts) -> list[float | int | None]:
+    def compute(self, texts: Texts) -> Sequence[float | int | None]:
         raise NotImplementedError

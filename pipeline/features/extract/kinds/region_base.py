@@ -84,7 +84,8 @@ def _image_boxes(dataset_json: Path, im) -> np.ndarray:
         rows = [b["box"] if isinstance(b, dict) else b for b in im.extra["boxes"]]
         array = np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
     except (TypeError, KeyError, ValueError) as error:
-        raise CapstackError(f"{where}.boxes: expected a list of [x1, y1, x2, y2] ({error})")
+        raise CapstackError(f"{where}.boxes: expected a list of [x1, y1, x2, y2] "
+                            f"({error})") from error
     if len(rows) == 0:
         return np.zeros((0, 4), np.float32)
     if array.shape[1] != 4 or not np.isfinite(array).all() or (array[:, 2:] <= array[:, :2]).any():

@@ -126,7 +126,8 @@ class MeanPoolBoxHead(nn.Module):
 
 def build_detector(arch: str = "fpn", *, backbone: str = "resnet50", num_classes: int = 91,
                    min_size: int = 600, max_size: int = 1000) -> FasterRCNN:
-    """A randomly initialised Faster R-CNN of ``arch`` (load weights with :func:`load_detector_weights`).
+    """A randomly initialised Faster R-CNN of ``arch`` (load weights with
+    :func:`load_detector_weights`).
 
     ``num_classes`` counts the background (COCO: 91, Visual Genome bottom-up: 1601).
     ``min_size``/``max_size`` set how GeneralizedRCNNTransform resizes each image.
@@ -136,9 +137,9 @@ def build_detector(arch: str = "fpn", *, backbone: str = "resnet50", num_classes
         raise CapstackError(f"num_classes: expected at least 2 (background + 1), got {num_classes}")
     if arch == "fpn":
         if backbone != "resnet50":
-            raise CapstackError(f"backbone: arch 'fpn' is torchvision's fasterrcnn_resnet50_fpn and "
-                                f"needs resnet50, got {backbone!r} (use arch 'c4' or 'c5' for "
-                                f"{', '.join(BACKBONES)})")
+            raise CapstackError(f"backbone: arch 'fpn' is torchvision's fasterrcnn_resnet50_fpn "
+                                f"and needs resnet50, got {backbone!r} (use arch 'c4' or 'c5' "
+                                f"for {', '.join(BACKBONES)})")
         return fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=num_classes,
                                        min_size=min_size, max_size=max_size)
     if arch in ("c4", "c5"):
@@ -150,7 +151,8 @@ def build_detector(arch: str = "fpn", *, backbone: str = "resnet50", num_classes
             body, pool, head = ResNetTrunk(resnet, "layer4"), C5_POOL_SIZE, MeanPoolBoxHead()
             head_channels = body.out_channels
         else:
-            body, pool, head = ResNetTrunk(resnet, "layer3"), C4_POOL_SIZE, Layer4BoxHead(resnet.layer4)
+            body, pool, head = (ResNetTrunk(resnet, "layer3"), C4_POOL_SIZE,
+                                Layer4BoxHead(resnet.layer4))
             head_channels = head.out_channels
         return FasterRCNN(
             body, num_classes=None, min_size=min_size, max_size=max_size,
@@ -287,7 +289,8 @@ class RegionFeatureExtractor(RegionExtractor):
             pooled_boxes, _ = self.detector.rpn(image_list, features)  # [P_i, 4] per image
         else:
             pooled_boxes = [t["boxes"] for t in targets]  # [N_i, 4], transformed pixels
-        box_features, class_scores = self.box_features(features, pooled_boxes, image_list.image_sizes)
+        box_features, class_scores = self.box_features(features, pooled_boxes,
+                                                       image_list.image_sizes)
         results = []
         for i, (feats, scores) in enumerate(zip(box_features, class_scores)):
             if given is None:
@@ -327,7 +330,8 @@ def _as_boxes(boxes, index: int) -> Tensor:
     if boxes.numel() == 0:
         return boxes.reshape(0, 4)
     if boxes.dim() != 2 or boxes.shape[1] != 4:
-        raise ValueError(f"boxes[{index}]: expected [N, 4] (x1, y1, x2, y2), got {list(boxes.shape)}")
+        raise ValueError(f"boxes[{index}]: expected [N, 4] (x1, y1, x2, y2), "
+                         f"got {list(boxes.shape)}")
     return boxes
 
 

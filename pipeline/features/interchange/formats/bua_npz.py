@@ -58,7 +58,7 @@ def bua_record(arrays: dict, where: str) -> Record:
 
 @FORMATS.register("bua-npz")
 class BuaNpz(FeatureFormat):
-    """MILVLG bottom-up-attention.pytorch <stem>.npz (x, bbox, image_h/w, info: classes, attributes)"""
+    """MILVLG bottom-up-attention.pytorch <stem>.npz (x, bbox, image_h/w, info: classes, attrs)"""
 
     name = "bua-npz"
 
