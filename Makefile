@@ -30,8 +30,9 @@ demo: install  # the demo's table: shapes, features, XE then RL for top_down and
 demo-full: install  # every approach of the papers: XE, RL, adversarial (reports/metrics.md)
 	$(BIN)/capstack run tables --with-deps
 
-test: install  # the linter (pyproject's [tool.ruff]), then the suite
+test: install  # the linter and the type checker (pyproject's [tool.ruff], [tool.mypy]), the suite
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 test-slow: install  # the tests marked slow: torchrun jobs, killed runs, whole pipelines

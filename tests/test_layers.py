@@ -1,13 +1,15 @@
 """No import runs back up: capstack's modules import each other without a cycle.
 
-Every import counts, a function's own included (a lazy import is still a dependency); the one
-exception is a plug package and its own modules (the package imports them to fill its
-registry, each imports the registry). A cycle means a lower part knows a higher one
+Every import counts, a function's own included (a lazy import is still a dependency); the
+exceptions are a plug package and its own modules (the package imports them to fill its
+registry, each imports the registry), and an import for annotations only (under ``if
+TYPE_CHECKING:``, never run). A cycle means a lower part knows a higher one
 (a decoder drawing through the evaluation stage, the scoring below the rewards importing them).
 """
 
 from __future__ import annotations
 
+import ast
 import graphlib
 from pathlib import Path
 
@@ -25,6 +27,18 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def run_time_tree(path: Path) -> ast.Module:
+    """The file's syntax tree less its ``if TYPE_CHECKING:`` blocks (imports never run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        for field in ("body", "orelse"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                setattr(node, field, [n for n in block if not (
+                    isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")])
+    return tree
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the project modules it imports (``from pkg import name`` counted as ``pkg``
     when ``name`` is no module), without a package's edges to and from its own modules."""
@@ -32,7 +46,8 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
         targets = set()
-        for target in imported_modules(path, name, path.name == "__init__.py"):
+        for target in imported_modules(path, name, path.name == "__init__.py",
+                                       run_time_tree(path)):
             while target and target not in known:
                 target = target.rpartition(".")[0]
             own = target.startswith(name + ".") or name.startswith(target + ".")
@@ -64,7 +79,8 @@ def test_no_decoder_model_part_or_reward_imports_the_stages_above_it():
     graph = import_graph()
     lower = ("trainer.decoders", "trainer.modules", "trainer.rewards", "trainer.scoring",
              "trainer.decode")
-    upper = ("trainer.evaluation", "trainer.train", "trainer.objectives", "trainer.runs")
+    upper = ("trainer.evaluation", "trainer.train", "trainer.training", "trainer.objectives",
+             "trainer.runs")
     for name, targets in graph.items():
         if name.startswith(lower):
             assert {t for t in targets if t.startswith(upper)} == set(), name

@@ -35,7 +35,7 @@ def scripted(monkeypatch):
     """Each validation returns the next of the given epochs' scores."""
     def script(*epochs: dict[str, float]):
         given = iter(epochs)
-        monkeypatch.setattr("trainer.train.validate", lambda *a, scores, **k: {
+        monkeypatch.setattr("trainer.training.run.validate", lambda *a, scores, **k: {
             name: value for name, value in next(given).items() if name in scores})
     return script
 

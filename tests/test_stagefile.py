@@ -320,7 +320,7 @@ stages:
     assert pipeline.file.stage("train").nproc == 2 and pipeline.file.stage("train").params == {}
     seen = {}
 
-    def fake_run(argv, cwd, env):
+    def fake_run(argv, cwd, env, executable=None):
         seen.update(argv=argv, nproc=env.get("CAPSTACK_NPROC"))
         (tmp_path / "runs" / "x").mkdir(parents=True)
         return subprocess.CompletedProcess(argv, 0)

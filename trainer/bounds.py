@@ -39,6 +39,7 @@ class Bound:
     def problem(self, value) -> str | None:
         """What is wrong with ``value`` (an int or a float), or None."""
         if isinstance(value, int):
+            assert self.low is not None and self.high is not None, "an int's Bound names both ends"
             if self.low <= value <= self.high:
                 return None
             return f"must be from {self.low} to {self.high}, got {value}"

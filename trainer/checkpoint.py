@@ -29,7 +29,6 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.state_dicts import first_misfit, require_fit, tensors_only
 from trainer import upgrade
 from trainer.config import experiment_from_dict
-from trainer.decoders import build_decoder
 from trainer.upgrade import FIRST_FORMAT
 
 FORMAT = "capstack-checkpoint-2"
@@ -221,8 +220,7 @@ def check_contents(payload: dict, path: Path) -> None:
     def build():
         try:
             with torch.device("meta"):
-                return build_decoder(name, config.decoder.config, len(vocab),
-                                     payload["feature_dim"])
+                return config.build_decoder(len(vocab), payload["feature_dim"])
         except (RuntimeError, ValueError) as error:  # e.g. a negative size
             why = (str(error).splitlines() or [type(error).__name__])[0]
             raise CapstackError(f"{path}: experiment.decoder: cannot build the {name} decoder "

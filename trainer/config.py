@@ -43,7 +43,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import yaml
 
@@ -54,7 +55,7 @@ from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURE
                             bounded)
 from trainer import upgrade
 from trainer.components import Component, component, file_form
-from trainer.decoders import DECODERS
+from trainer.decoders import DECODERS, build_decoder
 from trainer.objectives import OBJECTIVES
 from trainer.optimizers import OPTIMIZERS
 from trainer.scoring.metrics import selectable
@@ -130,11 +131,16 @@ def _xe() -> Component:
 @dataclass
 class ExperimentConfig:
     name: str
-    decoder: Component = component(DECODERS)
-    data: DataConfig
+    decoder: Component = component(DECODERS)  # a field without a default (mypy sees one):
+    data: DataConfig  # type: ignore[misc]
     objective: Component = component(OBJECTIVES, default_factory=_xe)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def build_decoder(self, vocab_size: int, feature_dim: int):
+        """Its decoder, freshly initialised, for ``vocab_size`` words and features of
+        ``feature_dim``: the one way a run, an evaluation and a checkpoint's check build it."""
+        return build_decoder(self.decoder.name, self.decoder.config, vocab_size, feature_dim)
 
     def to_dict(self) -> dict:
         """The experiment in its file form (what checkpoints and config.json record)."""
@@ -146,7 +152,7 @@ class ExperimentConfig:
 # ------------------------------------------------------------------------- reading
 
 
-def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Read an experiment yaml, apply ``section.key=value`` overrides, check everything."""
     path = Path(path)
     data = upgrade.experiment_file(extended(path, read_yaml_mapping(path), []), str(path))
@@ -256,7 +262,8 @@ def is_component(schema: type, data: dict, path: list[str]) -> bool:
     """Whether ``path`` (["objective", "reward"]) names a component field of dataclass
     ``schema``, following the component names ``data`` holds on the way (which objective's
     config has a ``reward``)."""
-    cls, node = schema, data
+    cls: Any = schema  # walked down: a config dataclass, then the one a component names
+    node: Any = data  # walked down: a mapping, or what a missing part gives
     for k, part in enumerate(path):
         f = next((f for f in dataclasses.fields(cls) if f.name == part), None) \
             if dataclasses.is_dataclass(cls) else None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from pipeline.captions.prepared import Captions
@@ -134,7 +135,8 @@ def combine(batches: Sequence[Batch], with_geometry: bool = False):
     return torch.cat(parts, 1), torch.cat(masks, 1), None
 
 
-def batch_from_records(records: Sequence[Record], dtype: str, max_rows: int = 0) -> Batch:
+def batch_from_records(records: Sequence[Record], dtype: npt.DTypeLike,
+                       max_rows: int = 0) -> Batch:
     """Records fresh from an extractor, padded like a store's ``read_batch`` (in its dtype)."""
     rows = max(r.num for r in records)
     rows = min(rows, max_rows) if max_rows else rows
@@ -209,7 +211,7 @@ class TrainBatches:
         """Every caption row of image ``rows``, and the image row of each."""
         start, end = self.captions.label_start[rows], self.captions.label_end[rows]
         images = np.repeat(rows, end - start)
-        captions = np.concatenate([np.arange(a, b) for a, b in zip(start, end)] or [[]])
+        captions = np.concatenate([np.arange(a, b) for a, b in zip(start, end)] or [np.empty(0)])
         order = np.argsort(captions, kind="stable")  # sorted: batch() looks images up in it
         return captions.astype(np.int64)[order], images[order]
 

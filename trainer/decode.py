@@ -10,13 +10,14 @@ images x beams as one batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from pipeline.core.tokens import BOS_ID, EOS_ID, PAD_ID
-from trainer.decoders.base import Context, Decoder, images_of, select
+from trainer.decoders.base import Context, Decoder, images_of, select, stack_steps
 
 
 @dataclass
@@ -107,8 +108,7 @@ def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) ->
         done = done | (words == EOS_ID)
         if done.all():
             break
-    return Decoded(torch.stack(tokens, 1), torch.stack(logprobs, 1),
-                   torch.stack(alphas, 1) if alphas[0] is not None else None)
+    return Decoded(torch.stack(tokens, 1), torch.stack(logprobs, 1), stack_steps(alphas))
 
 
 def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) -> Decoded:
@@ -163,7 +163,7 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
             words, done = words[keep], done[keep]
             state, ctx = select(state, keep), select(ctx, kept)
             history.keep(keep)
-    return _stack(settled)
+    return _stack(cast("list[tuple]", settled))  # every image is settled by max_len
 
 
 class _PickedLogProbs(torch.autograd.Function):
@@ -233,7 +233,7 @@ class _History:
     def __init__(self, n: int, device):
         self.tokens = torch.zeros(n, 0, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(n, 0, device=device)
-        self.alphas = None
+        self.alphas: Tensor | None = None
 
     def extend(self, rows: Tensor, words: Tensor, logp: Tensor, alpha: Tensor | None) -> None:
         self.tokens = torch.cat([self.tokens[rows], words[:, None]], 1)

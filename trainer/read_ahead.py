@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, TypeVar
+from typing import Any, Iterator, TypeVar
 
 import torch
 
@@ -41,6 +41,7 @@ class _Reader:
     awaited; closing (the loop ended, or raised) stops the thread at its next batch."""
 
     def __init__(self, batches: Iterator, depth: int):
+        self.queue: queue.Queue[tuple[Any, BaseException | None]]  # (batch, None) or (None, error)
         self.batches, self.queue, self.stop = batches, queue.Queue(maxsize=depth), threading.Event()
         self.thread = threading.Thread(target=self._fill, daemon=True, name="capstack-read-ahead")
         self.thread.start()

@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json, write_json
@@ -58,6 +59,7 @@ class RunRecord:
                best_epoch: int) -> None:
         """After an epoch: ``best_epoch`` 0-based as the loop counts (-1: the start)."""
         found = math.isfinite(best_cider)
+        assert self.fields is not None, "begin() comes first"
         self.fields.update(epochs=epochs, epochs_done=epochs_done, steps=steps,
                            best_cider=best_cider if found else None,
                            best_epoch=best_epoch + 1 if found else None)
@@ -75,6 +77,7 @@ class RunRecord:
             self.write(ended_as(error), error=str(error) or type(error).__name__)
 
     def write(self, state: str, **extra) -> None:
+        assert self.fields is not None, "begin() comes first"
         if self.main:
             write_json(self.path, {**self.fields, "state": state, "updated": time.time(),
                                    **extra})
@@ -171,7 +174,7 @@ def read_json_for(path: Path, row: RunRow, what: str) -> dict | None:
 
 def pick(data: dict, keys: str, kind, path: Path, row: RunRow):
     """``data[a][b]`` for ``keys`` "a.b" when it has ``kind``; else None and a note."""
-    value = data
+    value: Any = data
     for key in keys.split("."):
         value = value.get(key) if isinstance(value, dict) else None
     kinds = (kind,) if isinstance(kind, type) else kind

@@ -13,6 +13,8 @@ done and the kept epoch, both in every checkpoint, so a resumed run counts on wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def epochs_without_better(epochs_done: int, best_epoch: int) -> int:
     """Epochs validated since the kept one (``best_epoch`` 0-based; -1: the run's start)."""
@@ -27,3 +29,38 @@ def lr_decay_due(patience: int, without_better: int) -> bool:
 def out_of_patience(patience: int, without_better: int) -> bool:
     """Whether the run stops now: ``patience`` epochs have passed without a better one."""
     return patience > 0 and without_better >= patience
+
+
+@dataclass
+class Kept:
+    """The epoch ``best.pt`` holds: its score on ``select_on``, its CIDEr (the log's and the
+    report's) and its epoch (0-based; -1 before any epoch: none yet, or the run's start)."""
+
+    select_on: str
+    score: float = float("-inf")
+    cider: float = float("-inf")
+    epoch: int = -1
+
+    def start(self, scores: dict[str, float]) -> None:
+        """The run's start (another run's weights, validated) is the one to beat."""
+        self.score, self.cider = scores[self.select_on], scores["cider"]
+
+    def consider(self, scores: dict[str, float], epoch: int) -> bool:
+        """Keep ``epoch`` (0-based) when its score beats the kept one's; whether it did."""
+        if scores[self.select_on] <= self.score:
+            return False
+        self.score, self.cider, self.epoch = scores[self.select_on], scores["cider"], epoch
+        return True
+
+    def restore(self, checkpoint: dict) -> None:
+        """What a checkpoint recorded of it (one saved before train.select_on kept on CIDEr,
+        its only score then)."""
+        self.cider, self.epoch = checkpoint["best_cider"], checkpoint["best_epoch"]
+        self.score = checkpoint.get("best_score", checkpoint["best_cider"])
+
+    def recorded(self) -> dict:
+        """What a checkpoint records of it."""
+        return {"best_cider": self.cider, "best_epoch": self.epoch, "best_score": self.score}
+
+    def epochs_without_better(self, epochs_done: int) -> int:
+        return epochs_without_better(epochs_done, self.epoch)

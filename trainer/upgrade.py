@@ -81,7 +81,8 @@ def new_form(data: dict) -> dict:
     if isinstance(data.get("decoder"), str) or "decoder_config" in data:
         name = data.get("decoder")
         data["decoder"] = {"name": name, **(data.pop("decoder_config", None) or {})}
-    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    section = data.get("train")
+    train: dict = section if isinstance(section, dict) else {}
     moved = {new: train.pop(old) for old, new in OLD_TRAIN_KEYS.items() if old in train}
     if moved:
         name = moved.pop("name", "xe")
@@ -100,7 +101,8 @@ def refuse_old_form(data: dict, where: str) -> None:
     """An experiment file of the flat form is refused, with the same experiment in the new form."""
     old = [k for k in ("decoder_config",) if k in data]
     old += ["decoder"] if isinstance(data.get("decoder"), str) else []
-    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    section = data.get("train")
+    train: dict = section if isinstance(section, dict) else {}
     old += [f"train.{k}" for k in OLD_TRAIN_KEYS if k in train]
     if not old:
         return

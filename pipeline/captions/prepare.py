@@ -147,6 +147,7 @@ def coco_references(images, dataset_name: str, lemmatizer: dict | None = None) -
     the lemmatiser that :func:`lemmatize_dataset` ran on ``images``) each caption is the
     sentence's tokens, lemmatised there as the labels are, joined by spaces: every score and
     reward of a lemmatised folder compares lemmas with lemmas. ``info`` then names it."""
+    info: dict[str, str | dict]
     if lemmatizer is None:  # as before lemmatising existed, byte for byte
         info = {"description": f"{dataset_name} references, written by capstack prepare"}
     else:

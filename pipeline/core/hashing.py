@@ -85,6 +85,7 @@ class HashCache:
 
     # -- persistence ---------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
+        assert self._db_path is not None, "only a cache with a file connects"
         con = sqlite3.connect(self._db_path, timeout=60)
         con.execute(
             "CREATE TABLE IF NOT EXISTS files ("

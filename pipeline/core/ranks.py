@@ -14,9 +14,12 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from pipeline.core.errors import CapstackError
+
+if TYPE_CHECKING:
+    import torch
 
 # Ranks wait for each other at the end of a sharded extraction and at every validation:
 # longer than torch's default (10 to 30 min) so a slow shard is not taken for a dead rank.
@@ -77,7 +80,7 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def device(self, requested: str | None) -> "torch.device":  # noqa: F821
+    def device(self, requested: str | None) -> "torch.device":
         """The torch device of this rank: ``cuda`` means ``cuda:LOCAL_RANK`` under torchrun."""
         import torch
 
@@ -98,7 +101,7 @@ class Ranks:
         return device
 
 
-def environment_ranks(env: dict | None = None) -> Ranks:
+def environment_ranks(env: Mapping[str, str] | None = None) -> Ranks:
     """Rank, world size and local rank as torchrun sets them (rank 0 of 1 otherwise)."""
     env = os.environ if env is None else env
     try:
@@ -142,7 +145,7 @@ def join(device_type: str = "cpu") -> Iterator[Ranks]:
         dist.destroy_process_group()
 
 
-def pick_device(name: str | None = None) -> "torch.device":  # noqa: F821
+def pick_device(name: str | None = None) -> "torch.device":
     """``name`` (``auto``/None: cuda when available); under torchrun ``cuda`` is this rank's GPU.
     Refused when CUDA is asked for and absent."""
     return environment_ranks().device(name)

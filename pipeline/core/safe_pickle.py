@@ -111,7 +111,7 @@ class _PlainDataUnpickler(pickle._Unpickler):
                                 f"{type(inst).__name__}")
         super().load_build()
 
-    dispatch[pickle.BUILD[0]] = load_build
+    dispatch[pickle.BUILD[0]] = load_build  # type: ignore[assignment]  # typeshed: Unpickler's only
 
     def persistent_load(self, pid):
         raise RefusedPickle(f"{self.where}: refusing a pickle with persistent ids")

@@ -77,8 +77,9 @@ def object_crops(images, image_root: Path, shape_index: dict, color_index: dict,
 
 
 def _names(images, key: str) -> list[str]:
-    return sorted({(b.get(key) or (b.get("label") if key == "shape" else None))
-                   for im in images for b in im.extra.get("boxes", [])} - {None})
+    names = {(b.get(key) or (b.get("label") if key == "shape" else None))
+             for im in images for b in im.extra.get("boxes", [])}
+    return sorted(name for name in names if name is not None)
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator | None):

@@ -79,10 +79,13 @@ def _package_modules(path: Path, package: str) -> set[str]:
     return {f"{package}.{m.name}" for m in pkgutil.iter_modules([str(path.parent)])}
 
 
-def imported_modules(path: Path, module: str, is_package: bool) -> set[str]:
+def imported_modules(path: Path, module: str, is_package: bool,
+                     tree: ast.AST | None = None) -> set[str]:
     """Every module name an ``import``/``from ... import`` in ``path`` may load, and, when
-    ``path`` is a package's ``__init__`` calling the discovery helper, its every module."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    ``path`` is a package's ``__init__`` calling the discovery helper, its every module
+    (``tree``: the file's syntax tree, when the caller has it)."""
+    if tree is None:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):

@@ -472,7 +472,9 @@ def _off_because(path: Path, t: StageTemplate, lookup: Mapping[str, Any]) -> str
     """Why the stage is off ("" when it is on): its ``when`` does not hold."""
     if not t.when:
         return ""
-    negated, name = _WHEN.match(t.when).groups()
+    match = _WHEN.match(t.when)
+    assert match is not None, "a stage's when was checked when it was read"
+    negated, name = match.groups()
     if name not in lookup:
         raise CapstackError(f"{path}: stages.{t.name}.when: unknown param {name!r} "
                             f"(params: {', '.join(sorted(lookup)) or 'none'})")
@@ -533,6 +535,7 @@ def _resolve(path: Path, t: StageTemplate, shared: Mapping[str, Any], own: Mappi
 def _command_of(path: Path, where: str, t: StageTemplate, cmd: str, commands: frozenset,
                 parallel: frozenset | None) -> tuple[str, tuple[str, ...]]:
     """The capstack sub-command the cmd runs ("" for another program) and the words to run."""
+    argv: tuple[str, ...]
     if t.shell:
         command, argv = "", (SHELL, "-c", cmd)
     else:
@@ -632,6 +635,7 @@ def coerce_like(current: Any, text: str, where: str) -> Any:
     """``text`` converted to the type of ``current``, or a CapstackError naming ``where``."""
     if isinstance(current, str):
         return text
+    value: Any
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:

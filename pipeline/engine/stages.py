@@ -34,7 +34,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, TypeGuard
 
 import yaml
 
@@ -69,7 +69,7 @@ class StageStatus:
         return f"{self.state}: {'; '.join(self.reasons)}" if self.reasons else self.state
 
 
-def _is_lock_records(stages) -> bool:
+def _is_lock_records(stages) -> TypeGuard[dict]:
     """Whether a lock file's ``stages`` reads as records: each a mapping whose parts are the
     types a status reads (a hand-edited or half-written file may hold anything)."""
     if not isinstance(stages, dict):
@@ -309,14 +309,14 @@ class Pipeline:
         code = self._code_digest(stage)
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
         if stage.command:
-            argv, found = capstack_command(stage.argv), {}
+            argv, executable = capstack_command(stage.argv), None
             if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
                 env["CAPSTACK_NPROC"] = str(stage.nproc)
         else:  # run as found now, whatever the child's PATH or folder would find
-            argv, found = list(stage.argv), {"executable": self._find_program(stage, env)}
+            argv, executable = list(stage.argv), self._find_program(stage, env)
         started = time.time()
         try:
-            rc = subprocess.run(argv, cwd=self.workdir, env=env, **found).returncode
+            rc = subprocess.run(argv, cwd=self.workdir, env=env, executable=executable).returncode
         except OSError as e:  # found, but not something this machine can start
             raise CapstackError(f"{self.file.path}: stages.{stage.name}.cmd: cannot run program "
                                 f"'{stage.program}': {e.strerror or e}") from None

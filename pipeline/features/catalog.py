@@ -70,7 +70,7 @@ def _users(store: Path) -> list[str]:
 
 
 def list_stores(root: Path) -> list[dict]:
-    rows = []
+    rows: list[dict] = []
     if not root.is_dir():
         return rows
     for path in sorted(root.iterdir()):

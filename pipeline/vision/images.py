@@ -31,6 +31,7 @@ from __future__ import annotations
 import operator
 import os
 import stat
+import sys
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -63,7 +64,7 @@ class ImageSkipped(Exception):
 # decoding
 
 
-def load_rgb(path: str | Path, max_pixels: int = MAX_PIXELS) -> Image.Image:
+def load_rgb(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> Image.Image:
     """RGB image with EXIF orientation applied; raises :class:`ImageSkipped` with the reason.
 
     The size is checked from the header before any pixel is decoded: an image of more
@@ -76,7 +77,7 @@ def load_rgb(path: str | Path, max_pixels: int = MAX_PIXELS) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            image = Image.open(path)
+            image: Image.Image = Image.open(path)
         except FileNotFoundError:
             raise ImageSkipped("missing file") from None
         except UnidentifiedImageError:
@@ -268,7 +269,8 @@ class ImageDataset(Dataset):
             return {"image_id": image_id, "image": None, "height": 0, "width": 0,
                     "skipped": e.reason}
         except Exception as e:
-            e.add_note(f"while transforming image {image_id} ({path})")
+            if sys.version_info >= (3, 11):  # add_note is 3.11's; 3.10 raises e as it is
+                e.add_note(f"while transforming image {image_id} ({path})")
             raise
         return {"image_id": image_id, "image": tensor, "height": height, "width": width,
                 "skipped": None}

@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, NamedTuple
+from typing import Callable, ClassVar, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -81,13 +81,14 @@ class DecoderOutput:
     def __init__(self, logits: Tensor | ReadOut, alphas: Tensor | None,
                  extras: dict[str, Tensor] | None = None):
         self.readout = logits if isinstance(logits, ReadOut) else None
-        self._logits = None if self.readout is not None else logits
+        self._logits = None if isinstance(logits, ReadOut) else logits
         self.alphas = alphas
         self.extras = {} if extras is None else extras
 
     @property
     def logits(self) -> Tensor:
         if self._logits is None:
+            assert self.readout is not None, "a DecoderOutput holds logits or their readout"
             self._logits = self.readout.logits()
         return self._logits
 
@@ -128,7 +129,8 @@ def per_row(per_image: Tensor, rows: int) -> Tensor:
 
 def stack_steps(per_step: list[Tensor | None]) -> Tensor | None:
     """T x [N, ...] -> [N, T, ...]; None for a decoder whose steps give none (no attention)."""
-    return torch.stack(per_step, 1) if per_step[0] is not None else None
+    # a decoder's steps all give attention or none do
+    return torch.stack(cast("list[Tensor]", per_step), 1) if per_step[0] is not None else None
 
 
 def select(tensors, index: Tensor):
@@ -147,6 +149,7 @@ class Decoder(nn.Module):
     # A loss on the log-probabilities of sampled words alone (SCST's) reaches every parameter;
     # False where some are trained by other terms only (HACap's MANAGER): DDP must know.
     sampled_log_probs_train_all: ClassVar[bool] = True
+    out: nn.Linear  # the vocabulary layer, where the readout ends in one (set by the subclass)
 
     def __init__(self, config, vocab_size: int, feature_dim: int):
         super().__init__()
@@ -232,7 +235,8 @@ class Decoder(nn.Module):
         if feed is None and self.reads_out_once:
             return self._forward_read_out_once(ctx, captions)
         state = self.init_state(ctx, captions.shape[0])
-        logits, alphas = [], []
+        logits: list[Tensor] = []
+        alphas: list[Tensor | None] = []
         for t in range(captions.shape[1] - 1):
             words = captions[:, t] if t == 0 or feed is None else feed(captions[:, t], logits[-1])
             step_logits, state, alpha = self.step(words, state, ctx)

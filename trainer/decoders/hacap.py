@@ -108,6 +108,7 @@ class HACap(Decoder):
 
     Config = HACapConfig
     sampled_log_probs_train_all = False  # SCST's loss trains the WORKER alone, not the MANAGER
+    feature_projection: Tensor  # a buffer, where the goals' space is the subgoal's
 
     def __init__(self, config: HACapConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
@@ -132,8 +133,9 @@ class HACap(Decoder):
                        getattr(self, "goal_weights", None), *self.attention.modules()):
             if isinstance(module, (nn.Linear, nn.Embedding)):  # Xavier (the SRUs: orthogonal)
                 nn.init.xavier_uniform_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    nn.init.zeros_(bias)
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """The WORKER (with attention) and the MANAGER; D is trained by its objective's rounds."""
@@ -169,6 +171,7 @@ class HACap(Decoder):
     def goal(self, features: Tensor, manager_state: Tensor | None = None):
         """f [N, F] (a step) or [N, T, F] (a sequence) -> unit goals, the MANAGER's state."""
         if features.dim() == 2:
+            assert manager_state is not None, "a step continues the MANAGER's state"
             h, state = self.manager.step(features, manager_state)
         else:
             h, state = self.manager(features)
@@ -250,6 +253,7 @@ class HACap(Decoder):
         terms = super().loss_terms(output, targets, target_mask, loc_mask)
         c = self.config
         if c.doubly_stochastic:
+            assert output.alphas is not None, "teacher forcing gives this decoder's attention"
             terms.summed = terms.summed + c.doubly_stochastic * doubly_stochastic_penalty(
                 output.alphas, target_mask, loc_mask).sum()
         if c.manager_weight and "goals" in output.extras:

@@ -48,6 +48,7 @@ class HardAttention(SoftAttention):
     """Show-Attend-Tell hard attention: a location sampled per step, REINFORCE, moving baseline."""
 
     Config = HardAttentionConfig
+    baseline: Tensor  # a buffer: b_k
 
     def __init__(self, config: HardAttentionConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
@@ -62,11 +63,13 @@ class HardAttention(SoftAttention):
         image = torch.arange(n, device=captions.device) // (n // ctx["feats"].shape[0])
         expected = torch.rand(n, device=captions.device) < self.config.expectation  # [N]
         ahead = self.embed_words(captions[:, :-1].t()) if feed is None else None  # [T, N, ...]
-        hiddens, logits, alphas, locations = [], [], [], []
+        logits: list[Tensor] = []
+        hiddens, step_alphas, locations = [], [], []
         for t in range(captions.shape[1] - 1):
             if ahead is not None:
                 inputs = ahead[t]
             else:  # scheduled sampling: the words depend on the previous step's logits
+                assert feed is not None, "words are embedded ahead only without a feed"
                 inputs = self.embed_words(captions[:, t] if t == 0
                                           else feed(captions[:, t], logits[-1]))
             context, alpha, beta = self.attend(state[0], ctx)
@@ -77,9 +80,9 @@ class HardAttention(SoftAttention):
             hiddens.append(hidden)
             if ahead is None:
                 logits.append(self.readout(hidden))
-            alphas.append(alpha)
+            step_alphas.append(alpha)
             locations.append(location)
-        alphas = torch.stack(alphas, 1)  # [N, T, L]
+        alphas = torch.stack(step_alphas, 1)  # [N, T, L]
         log_alpha = torch.log(alphas.clamp(min=1e-12))
         return DecoderOutput(
             self.readout(torch.stack(hiddens, 1)) if ahead is not None else torch.stack(logits, 1),

@@ -106,6 +106,7 @@ class SoftAttention(Decoder):
         """lambda * sum_i (1 - sum_t alpha_ti)^2 over valid steps and locations, per caption."""
         terms = super().loss_terms(output, targets, target_mask, loc_mask)
         if self.config.doubly_stochastic:
+            assert output.alphas is not None, "teacher forcing gives this decoder's attention"
             penalty = doubly_stochastic_penalty(output.alphas, target_mask, loc_mask)  # [N]
             terms.summed = terms.summed + self.config.doubly_stochastic * penalty.sum()
         return terms

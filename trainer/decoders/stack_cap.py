@@ -32,6 +32,7 @@ h^{i-1}_t alone (hhat = h).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, cast
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +108,7 @@ class StackCap(StagedDecoder):
             feats = self.feature_embed(feats)
         mean = masked_mean(feats, mask)
         ctx = {"mask": mask, "mean": mean, "mean_gates": self.coarse.project("mean", mean, True)}
-        for i, att in enumerate(self.attention):
+        for i, att in enumerate(cast(Iterable[FineAttention], self.attention)):
             ctx[f"keys{i}"], ctx[f"values{i}"] = att.key(feats), att.value(feats)
         return ctx
 
@@ -119,14 +120,15 @@ class StackCap(StagedDecoder):
         """y_{t-1}'s share of every stage's LSTM gates (one dropout mask for all), [...] ->
         [..., stages * 4h], coarse first; the fine stages' with their biases."""
         y = self.dropout(self.word_embed(words))
+        fine = cast(Iterable[PartsLSTMCell], self.fine)
         return torch.cat([self.coarse.project("word", y)]
-                         + [cell.project("word", y, with_bias=True) for cell in self.fine], -1)
+                         + [cell.project("word", y, with_bias=True) for cell in fine], -1)
 
     def step_hidden(self, word_gates: Tensor, state: State, ctx: Context):
         """-> every stage's h [N, stages, H], the next state, every fine alpha [N, Nf, L]."""
-        word_gates = word_gates.chunk(self.stages, -1)
+        stage_gates = word_gates.chunk(self.stages, -1)
         h_last = state[-2]  # h^{Nf}_{t-1}
-        ahead = word_gates[0] + per_row(ctx["mean_gates"], h_last.shape[0])
+        ahead = stage_gates[0] + per_row(ctx["mean_gates"], h_last.shape[0])
         h, c = self.coarse([h_last], ahead, (state[0], state[1]))
         new_state, hiddens, alphas = [h, c], [h], []
         previous_h, previous_attended = h, None
@@ -135,7 +137,7 @@ class StackCap(StagedDecoder):
             if self.config.stacked and previous_attended is not None:
                 query = previous_h + previous_attended  # eq 8
             g, alpha = att(ctx[f"keys{i}"], ctx[f"values{i}"], ctx["mask"], query)
-            h_i, c_i = cell([g, previous_h], word_gates[i + 1],
+            h_i, c_i = cell([g, previous_h], stage_gates[i + 1],
                             (state[2 + 2 * i], state[3 + 2 * i]))
             new_state += [h_i, c_i]
             hiddens.append(h_i)
@@ -166,6 +168,7 @@ class StackCap(StagedDecoder):
             stage_logits = self.stage_logits(hiddens)  # [stages, N, T, V]
         else:
             stage_logits, alphas = self.fed_forward(ctx, captions, feed)
+        assert alphas is not None, "Stack-Cap's fine stages attend"
         stage_alphas = alphas.movedim(2, 0)  # [Nf, N, T, L]
         return DecoderOutput(stage_logits[self.head], stage_alphas[max(self.head - 1, 0)],
                              {"stage_logits": stage_logits, "stage_alphas": stage_alphas})
@@ -173,7 +176,9 @@ class StackCap(StagedDecoder):
     def fed_forward(self, ctx: Context, captions: Tensor, feed: WordFeed) -> tuple[Tensor, Tensor]:
         """Scheduled sampling, a step at a time (the feed reads the head's previous logits) ->
         stage logits [stages, N, T, V], alphas [N, T, Nf, L]."""
-        state, logits, alphas = self.init_state(ctx, captions.shape[0]), [], []
+        state = self.init_state(ctx, captions.shape[0])
+        logits: list[Tensor] = []
+        alphas: list[Tensor] = []
         for t in range(captions.shape[1] - 1):
             words = captions[:, t] if t == 0 else feed(captions[:, t], logits[-1][self.head])
             hidden, state, alpha = self.step_hidden(self.embed_words(words), state, ctx)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable, cast
 
 import torch
 import torch.nn.functional as F
@@ -230,8 +231,9 @@ class Transformer(Decoder):
         for layer in self.encoder:
             x = layer(x, mask)
         x = self.encoder_norm(x)
+        layers = cast(Iterable[DecoderLayer], self.decoder)
         kv = torch.stack([torch.cat(layer.cross_attention.keys_values(x), -1)
-                          for layer in self.decoder], 1)  # [B, layers, L, 2d]
+                          for layer in layers], 1)  # [B, layers, L, 2d]
         keys, values = kv.chunk(2, -1)
         return {"keys": keys, "values": values, "mask": mask}
 

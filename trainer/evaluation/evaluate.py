@@ -23,7 +23,6 @@ from trainer.checkpoint import check_identity, identity, load_checkpoint
 from trainer.objectives import table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
 from trainer.data import Features, covered, eval_batches
-from trainer.decoders import build_decoder
 from trainer.decoders.base import Decoder
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.pictures import Pictures
@@ -38,8 +37,7 @@ def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary, ExperimentConfig]:
     """The checkpoint's decoder (eval mode, CPU), vocabulary and experiment, from it alone."""
     vocab = Vocabulary.from_json(ckpt["vocab"], ckpt["path"])
     config = experiment_from_dict(ckpt["experiment"], ckpt["path"])
-    model = build_decoder(config.decoder.name, config.decoder.config, len(vocab),
-                          ckpt["feature_dim"])
+    model = config.build_decoder(len(vocab), ckpt["feature_dim"])
     model.load_state_dict(ckpt["model"])
     return model.eval(), vocab, config
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.captions.prepared import Captions
+from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
 from trainer.batch import EvalBatch
 from trainer.data import Features, batches_of
@@ -27,9 +29,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class Pictures:
     preds: list[Prediction]  # the first few evaluated captions (beam search)
-    vocab: object  # the checkpoint's Vocabulary
+    vocab: Vocabulary  # the checkpoint's
     features: Features
-    captions: object  # the prepared captions (where each image's file is listed)
+    captions: Captions  # the prepared captions (where each image's file is listed)
     out_dir: Path
     device: torch.device
     max_len: int

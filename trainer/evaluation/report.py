@@ -63,8 +63,8 @@ def metrics_table(rows: list[tuple]) -> pd.DataFrame:
     shown = table_columns()
     rows = sorted([(approach, metrics, *(list(rest) + ["", ""])[:2])
                    for approach, metrics, *rest in rows], key=lambda r: _block_order(r[3]))
-    table = pd.DataFrame([[one_line(approach), one_line(training)]
-                          + [_percent(metrics.get(value)) for _, value in shown]
+    table = pd.DataFrame([[one_line(approach), one_line(training),
+                           *[_percent(metrics.get(value)) for _, value in shown]]
                           for approach, metrics, training, _ in rows], columns=columns(),
                          dtype=object)
     table.attrs["families"] = [family for *_, family in rows]

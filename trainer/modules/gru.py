@@ -11,6 +11,8 @@ the whole weight per step.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -19,6 +21,12 @@ from torch import Tensor, nn
 class StepsAhead:
     """A cell with ``project(x)`` (the input's share of its gates, [..., I] -> [..., S]),
     ``state_weights()`` (what a step multiplies the state by) and ``step(share, c, weights)``."""
+
+    if TYPE_CHECKING:  # what the cell defines
+        def state_weights(self) -> tuple[Tensor, Tensor]: ...
+
+        def step(self, share: Tensor, c: Tensor,
+                 weights: tuple[Tensor, Tensor] | None = None) -> Tensor: ...
 
     def steps(self, shares: Tensor, c: Tensor) -> Tensor:
         """Every step's input share [T, N, S] from the state c [N, H] -> the states [N, T, H]."""

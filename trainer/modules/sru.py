@@ -17,6 +17,8 @@ batch-first: ``[N, H]`` for a cell, ``[N, layers, H]`` for a stack.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -51,8 +53,8 @@ class SRUCell(nn.Module):
         for t in range(u.shape[1]):  # element-wise only: the cheap part
             c = f[:, t] * c + (1 - f[:, t]) * x[:, t]
             cells.append(c)
-        cells = torch.stack(cells, 1)
-        return r * torch.tanh(cells) + (1 - r) * highway, cells
+        states = torch.stack(cells, 1)
+        return r * torch.tanh(states) + (1 - r) * highway, states
 
 
 class SRU(nn.Module):
@@ -72,7 +74,7 @@ class SRU(nn.Module):
         """One input [N, I], the state [N, layers, H] -> the top layer's h [N, H], the new state."""
         cells = []
         for i, cell in enumerate(self.cells):
-            u, c = cell.step(u, state[:, i])
+            u, c = cast(SRUCell, cell).step(u, state[:, i])  # self.cells holds SRUCells
             cells.append(c)
         return u, torch.stack(cells, 1)
 

@@ -195,6 +195,7 @@ class Adversarial(TrainsDiscriminator):
         if self.phase() != Phase.ADVERSARIAL:
             stats = self.ml.after_step(decoder, batch, key)
         elif self.adversarial_steps() % self.config.discriminator_every == 0:
+            assert self.rounds is not None, "bind() makes the rounds"
             stats = self.rounds.run(decoder, key.seed, "adversarial", batch)
         else:
             stats = {}

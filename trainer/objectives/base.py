@@ -26,7 +26,7 @@ exact resume (:meth:`Objective.state_dict`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from pipeline.captions.prepared import Captions
     from trainer.batch import Share, TrainBatch
     from trainer.data import TrainBatches
+
+DecoderT = TypeVar("DecoderT", bound=Decoder)  # the decoders an objective trains (decoder_type)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class Setting:
     log: Callable[[dict], None] = _no_log
 
 
-class Objective:
+class Objective(Generic[DecoderT]):
     """Subclasses set ``Config``, ``label``, ``family`` and implement :meth:`loss`."""
 
     Config: ClassVar[type]
@@ -90,22 +92,22 @@ class Objective:
     def __init__(self, config, setting: Setting):
         self.config, self.setting = config, setting
 
-    def bind(self, decoder: Decoder) -> None:
+    def bind(self, decoder: DecoderT) -> None:
         """Called once with the decoder it will train, before any resume: an objective that
         trains a part of the decoder with its own optimiser (HACap's discriminator) makes it
         here, so that a checkpoint's optimiser state can be restored into it."""
 
-    def leaves_parameters_out(self, decoder: Decoder) -> bool:
+    def leaves_parameters_out(self, decoder: DecoderT) -> bool:
         """Whether this loss, as configured, leaves some of the parameters that ``decoder``'s
         optimiser trains without a gradient. DDP must then look for them after every
         forward (``find_unused_parameters``, a walk of the graph), which it otherwise skips."""
         return False
 
-    def loss(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
+    def loss(self, decoder: DecoderT, batch: "TrainBatch", key: StepKey) -> tuple[Tensor, dict]:
         """This rank's part of the global batch's loss, and its statistics."""
         raise NotImplementedError
 
-    def after_step(self, decoder: Decoder, batch: "TrainBatch", key: StepKey) -> dict:
+    def after_step(self, decoder: DecoderT, batch: "TrainBatch", key: StepKey) -> dict:
         """After the decoder's optimiser step: explicit state updates, the objective's own
         optimisers' steps; more statistics."""
         return {}

@@ -50,7 +50,7 @@ class CoarseToFineConfig:
 
 
 @OBJECTIVES.register("c2f")
-class CoarseToFine(RewardedObjective):
+class CoarseToFine(RewardedObjective[StagedDecoder]):
     """Stack-Cap's coarse-to-fine reward: each fine stage against its greedy and the last."""
 
     Config = CoarseToFineConfig

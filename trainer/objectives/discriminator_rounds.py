@@ -44,6 +44,7 @@ from pipeline.core.tokens import BOS_ID, PAD_ID
 from trainer.bounds import MAX_BATCH, MAX_IMAGES, MAX_SAMPLES, MAX_STEPS, bounded
 from trainer.decode import SamplingNoise, sample
 from trainer.decoders.base import Decoder
+from trainer.decoders.hacap import HACap
 from trainer.objectives.base import Objective
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
 
@@ -225,30 +226,33 @@ def discrimination(discriminator: torch.nn.Module, real: Tensor, fake: Tensor,
             "heldout_real": float(on_real.mean()), "heldout_fake": float(on_fake.mean())}
 
 
-class TrainsDiscriminator(Objective):
+class TrainsDiscriminator(Objective[HACap]):
     """An objective that trains HACap's D in rounds beside the generator's steps (both of
     HACap's phases): it makes the rounds from its config's ``discriminator`` schedule when
     bound, counts the generator's steps, keeps maximum likelihood at hand, and saves all of it
     with the run."""
 
-    def __init__(self, config, setting):
+    def __init__(self, config, setting) -> None:
         super().__init__(config, setting)
         self.ml = CrossEntropy(CrossEntropyConfig(), setting)
         self.steps = 0  # the generator's steps so far (checkpointed: the schedule resumes)
         self.rounds: DiscriminatorRounds | None = None
 
-    def bind(self, decoder: Decoder) -> None:
+    def bind(self, decoder: HACap) -> None:
         self.rounds = DiscriminatorRounds(self.config.discriminator, self.setting,
                                           decoder.discriminator)
 
     def optimizers(self) -> dict:
+        assert self.rounds is not None, "bind() makes the rounds"
         return {"discriminator": self.rounds.optimizer}
 
     def extra_state(self) -> dict:
+        assert self.rounds is not None, "bind() makes the rounds"
         return {"steps": self.steps, **self.rounds.state()}
 
     def load_extra_state(self, state: dict) -> None:
         self.steps = state.get("steps", 0)
+        assert self.rounds is not None, "bind() makes the rounds"
         self.rounds.load_state(state)
 
 

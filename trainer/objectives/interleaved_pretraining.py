@@ -55,6 +55,7 @@ class InterleavedPretraining(TrainsDiscriminator):
         stats = self.ml.after_step(decoder, batch, key)
         every = batches_between(self.config.round_every, self.setting.epoch_batches)
         if self.steps % every == 0:
+            assert self.rounds is not None, "bind() makes the rounds"
             stats = {**stats, **self.rounds.run(decoder, key.seed, "pretraining", batch)}
         self.steps += 1
         return stats

@@ -3,11 +3,11 @@ its config names, and lets go of it when training ends (METEOR's Java process)."
 
 from __future__ import annotations
 
-from trainer.objectives.base import Objective, Setting
+from trainer.objectives.base import DecoderT, Objective, Setting
 from trainer.rewards import Reward, build_reward
 
 
-class RewardedObjective(Objective):
+class RewardedObjective(Objective[DecoderT]):
     """Subclasses' configs have a ``reward`` component."""
 
     def __init__(self, config, setting: Setting, scorer: Reward | None = None):

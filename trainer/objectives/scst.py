@@ -39,10 +39,10 @@ from trainer.rewards import REWARDS
 
 def words_and_lengths(tokens: Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Decoded ids [N, T] (<eos> then <pad>) -> word ids [N, T] zeroed from <eos>, word counts."""
-    tokens = tokens.detach().cpu().numpy()
-    ended = tokens == EOS_ID
-    lengths = np.where(ended.any(1), ended.argmax(1), tokens.shape[1])
-    words = np.where(np.arange(tokens.shape[1])[None, :] < lengths[:, None], tokens, 0)
+    ids = tokens.detach().cpu().numpy()
+    ended = ids == EOS_ID
+    lengths = np.where(ended.any(1), ended.argmax(1), ids.shape[1])
+    words = np.where(np.arange(ids.shape[1])[None, :] < lengths[:, None], ids, 0)
     return words, lengths
 
 

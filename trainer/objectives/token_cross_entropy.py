@@ -30,7 +30,7 @@ def output_cross_entropy(output: DecoderOutput, targets: Tensor) -> Tensor:
     readout, the vocabulary layer and its input) where it has them in float32, else from
     its logits."""
     readout = output.readout
-    if output.projected or not _fusable(readout.features, readout.layer):
+    if output.projected or readout is None or not _fusable(readout.features, readout.layer):
         return token_cross_entropy(output.logits, targets)
     features = readout.features
     return VocabularyCrossEntropy.apply(features.reshape(-1, features.shape[-1]),
@@ -126,7 +126,7 @@ class Workspace:
     cross-entropies alive at once never share one; one dropped without a backward is
     freed as any tensor."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._free: dict[tuple, Tensor] = {}
 
     def take(self, shape: tuple[int, int], like: Tensor) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -29,7 +30,8 @@ class Adam:
 
     @staticmethod
     def build(config: AdamConfig, groups, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.Adam(groups, lr=lr, betas=tuple(config.betas), eps=config.eps,
+        betas = cast("tuple[float, float]", tuple(config.betas))  # two: AdamConfig.check
+        return torch.optim.Adam(groups, lr=lr, betas=betas, eps=config.eps,
                                 weight_decay=config.weight_decay, fused=fusable(groups))
 
 

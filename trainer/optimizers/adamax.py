@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from trainer.optimizers import OPTIMIZERS
@@ -16,5 +18,6 @@ class Adamax:
 
     @staticmethod
     def build(config: AdamConfig, groups, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.Adamax(groups, lr=lr, betas=tuple(config.betas), eps=config.eps,
+        betas = cast("tuple[float, float]", tuple(config.betas))  # two: AdamConfig.check
+        return torch.optim.Adamax(groups, lr=lr, betas=betas, eps=config.eps,
                                   weight_decay=config.weight_decay)

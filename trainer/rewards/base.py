@@ -38,7 +38,7 @@ class Reward:
     def __init__(self, config, captions):
         self.config = config
 
-    def score(self, image_ids: Sequence[int], tokens: np.ndarray,
+    def score(self, image_ids: Sequence[int] | np.ndarray, tokens: np.ndarray,
               lengths: np.ndarray) -> np.ndarray:
         """[B] rewards of captions ``tokens`` [B, T] (``lengths`` words each) of ``image_ids``."""
         raise NotImplementedError
@@ -81,10 +81,10 @@ class References:
         tokens = np.zeros((len(rows), max(lengths.max(initial=0), 1)), np.int64)
         for k, r in enumerate(rows):
             tokens[k, :len(r)] = r
-        return cls(sorted(ids, key=ids.get), image_ids, np.array(start, np.int64), tokens,
+        return cls(sorted(ids, key=ids.__getitem__), image_ids, np.array(start, np.int64), tokens,
                    lengths)
 
-    def images(self, image_ids: Sequence[int], reward: str) -> np.ndarray:
+    def images(self, image_ids: Sequence[int] | np.ndarray, reward: str) -> np.ndarray:
         """[B] the index of each image id, refused naming the first id without references."""
         wanted = np.asarray(image_ids, np.int64)
         index = np.minimum(np.searchsorted(self.image_ids, wanted), len(self.image_ids) - 1)

@@ -106,19 +106,19 @@ class CiderD:
         words = list(vocab_words)
         ids = {w: i for i, w in enumerate(words)}
         image_ids = np.array(sorted(references), np.int64)
-        ref_tokens, ref_start = [], [0]
+        ref_tokens, starts = [], [0]
         for image_id in image_ids:
             for caption in references[int(image_id)]:
                 ref_tokens.append([ids.setdefault(w, len(ids)) for w in caption.split()])
-            ref_start.append(len(ref_tokens))
-        words = sorted(ids, key=ids.get)
+            starts.append(len(ref_tokens))
+        words = sorted(ids, key=ids.__getitem__)
         base = 1 << max(len(words) - 1, 1).bit_length()
         if base > MAX_BASE:
             raise CapstackError(f"CIDEr-D: {len(words)} distinct words in the references; the "
                                 f"n-gram keys hold at most {MAX_BASE}")
         tokens, lengths = _padded(ref_tokens)
         ref_rows, keys, tf = ngram_counts(tokens, lengths, base)
-        ref_start = np.array(ref_start, np.int64)
+        ref_start = np.array(starts, np.int64)
         ref_image = np.repeat(np.arange(len(image_ids)), np.diff(ref_start))
         ngrams, ngram_index = np.unique(keys, return_inverse=True)
         pairs = ref_image[ref_rows] * len(ngrams) + ngram_index  # (image, n-gram) of each count
@@ -138,7 +138,7 @@ class CiderD:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, image_ids: Sequence[int], tokens: np.ndarray,
+    def score(self, image_ids: Sequence[int] | np.ndarray, tokens: np.ndarray,
               lengths: np.ndarray) -> np.ndarray:
         """CIDEr-D [M] of candidates tokens [M, T] (vocabulary ids, ``lengths`` words each)."""
         tokens, lengths = np.asarray(tokens), np.asarray(lengths)

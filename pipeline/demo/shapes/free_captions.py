@@ -350,6 +350,7 @@ def compare_frame(scene: Scene, w: Wording) -> str | None:
     for which, table in (("largest", largest), ("smallest", smallest)):
         if table(scene.objects) is not None and w.coin(0.3):
             obj = table(scene.objects)
+            assert obj is not None, "the table found one just above"
             the = f"the {w.say(F.EXTREME_WORDS[which])} {w.say(F.GENERIC_NOUN)}"
             np_ = indefinite(obj, w, size_p=0.0)
             return f"{the} is {np_}" if w.coin(0.6) else f"{np_} is {the}"

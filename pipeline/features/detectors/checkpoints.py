@@ -39,6 +39,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -293,8 +294,9 @@ def vg_config(path: Path, naming: Naming, state: dict[str, Tensor]) -> DetectorC
     absent = [k for k in needed if k not in state]
     if absent:
         raise refusal(path, naming, "missing keys", [_theirs(naming)(k) for k in absent])
-    stages = tuple(blocks(p) for p in ("backbone.res2.", "backbone.res3.", "backbone.res4.",
-                                       "box_head.res5."))
+    stages = cast("tuple[int, int, int, int]",  # one count per prefix: four
+                  tuple(blocks(p) for p in ("backbone.res2.", "backbone.res3.", "backbone.res4.",
+                                            "box_head.res5.")))
     width = state["backbone.stem.conv1.weight"].shape[0]
     anchors = state["rpn.objectness.weight"].shape[0]
     if anchors != len(VG_RATIOS) * len(VG_SCALES):
@@ -341,6 +343,7 @@ def load_detector(path, *, min_size: int | None = None, max_size: int | None = N
     path = Path(path).expanduser().resolve()
     top = read_checkpoint(path)
     md5 = md5 or md5_of_file(path)
+    conversions: list[str]
     if isinstance(top, dict) and top.get("format") == CAPSTACK_FORMAT:
         config = DetectorConfig.from_dict(top["config"])
         state, naming, conversions = tensors_of(path, top["model"]), "capstack", []

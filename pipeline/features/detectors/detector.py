@@ -17,6 +17,7 @@ attribute probabilities given its most likely object class.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +115,7 @@ class BottomUpDetector(nn.Module):
         self.proposals.use_cell(cell.to(self.proposals.cell.device))
         return self
 
-    def prepare(self, images: list[Tensor]) -> list[tuple[Tensor, object]]:
+    def prepare(self, images: list[Tensor]) -> list[tuple[Tensor, float | Tensor]]:
         """Each image as the network's input, with its scale (the rules')."""
         return [self.rules.network_input(img, self.config) for img in images]
 
@@ -122,13 +123,13 @@ class BottomUpDetector(nn.Module):
         """The trunk's map of each input, images of one size batched together."""
         by_size: dict[tuple[int, int], list[int]] = {}
         for k, x in enumerate(inputs):
-            by_size.setdefault(tuple(x.shape[-2:]), []).append(k)
+            by_size.setdefault((x.shape[-2], x.shape[-1]), []).append(k)
         maps: list[Tensor | None] = [None] * len(inputs)
         for indices in by_size.values():
             out = self.backbone(torch.stack([inputs[k] for k in indices]))
             for k, m in zip(indices, out):
                 maps[k] = m
-        return maps
+        return cast("list[Tensor]", maps)  # each input is in its size's batch
 
     def describe(self, fmap: Tensor, boxes: Tensor
                  ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
@@ -151,7 +152,7 @@ class BottomUpDetector(nn.Module):
         maps = self.res4([x for x, _ in prepared])
         out = []
         for k, ((x, scale), fmap) in enumerate(zip(prepared, maps)):
-            size = tuple(x.shape[-2:])
+            size = (x.shape[-2], x.shape[-1])
             if boxes is None:
                 objectness, deltas = self.rpn(fmap[None])
                 regions = self.rules.proposals(self.proposals, objectness[0], deltas[0], size,

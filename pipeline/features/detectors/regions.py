@@ -22,6 +22,8 @@ from pipeline.features.detectors.selection import RegionExtractor
 
 
 class BottomUpRegions(RegionExtractor):
+    detector: BottomUpDetector
+
     def __init__(self, detector: BottomUpDetector, *, min_boxes: int = 10, max_boxes: int = 100,
                  conf_thresh: float = 0.2, nms_thresh: float = 0.3, top_attributes: int = 1,
                  loaded: LoadedDetector | None = None):
@@ -50,6 +52,7 @@ class BottomUpRegions(RegionExtractor):
                   "scores": foreground.max(dim=1).values if len(keep) else foreground.new_zeros(0),
                   "classes": foreground.argmax(dim=1) + 1 if len(keep) else keep.new_zeros(0)}
         if self.top_attributes:
+            assert found.attribute_probs is not None, "top_attributes is 0 without the head"
             region |= top_attributes(found.attribute_probs, self.top_attributes)
         return region
 

@@ -58,6 +58,8 @@ def per_anchor(objectness: Tensor, deltas: Tensor) -> tuple[Tensor, Tensor]:
 class ProposalGenerator(nn.Module):
     """Proposals per image from the RPN head's outputs."""
 
+    cell: Tensor  # a buffer: the anchors of the cell at the origin, [A, 4]
+
     def __init__(self, settings: ProposalSettings = ProposalSettings()):
         super().__init__()
         self.settings = settings

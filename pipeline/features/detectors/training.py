@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -98,8 +99,9 @@ def examples(images, image_root: Path, objects: dict[str, int], attributes: dict
 
 
 def detector_config(cfg: DetectorTraining, objects: int, attributes: int) -> DetectorConfig:
+    blocks = cast("tuple[int, int, int, int]", tuple(cfg.blocks))  # four, as the field says
     return DetectorConfig(
-        resnet=ResNetShape(blocks=tuple(cfg.blocks), width=cfg.width, stride_in_1x1=True,
+        resnet=ResNetShape(blocks=blocks, width=cfg.width, stride_in_1x1=True,
                            caffe_maxpool=True, res5_stride=2, res5_dilation=1),
         num_classes=objects + 1, num_attributes=attributes + 1 if attributes else 0,
         rpn_channels=cfg.rpn_channels, attribute_embedding=32, attribute_hidden=64,
@@ -116,8 +118,9 @@ def step_loss(model: BottomUpDetector, batch: list[Example], cfg: DetectorTraini
     fmap = model.backbone(x)  # [B, C, h, w]
     objectness, deltas = model.rpn(fmap)
     anchors = model.proposals.anchors(*fmap.shape[-2:])
-    size = tuple(x.shape[-2:])
-    losses = {k: [] for k in ("rpn_objectness", "rpn_box", "classes", "box", "attributes")}
+    size = (x.shape[-2], x.shape[-1])
+    losses: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("rpn_objectness", "rpn_box", "classes", "box", "attributes")}
     rois, classes, matched, image_index = [], [], [], []
     for i, (example, (_, scale)) in enumerate(zip(batch, prepared)):
         gt = example.boxes * scale
@@ -156,7 +159,7 @@ def evaluate(model: BottomUpDetector, split: list[Example], progress: bool) -> d
     found = [quality.detect(model, e.float_image())
              for e in tqdm(split, desc="detector: test split", disable=not progress)]
     truth = [{"boxes": e.boxes, "labels": e.labels, "attributes": e.attributes} for e in split]
-    metrics = quality.coco_map(truth, found, model.config.num_classes)
+    metrics: dict = quality.coco_map(truth, found, model.config.num_classes)
     metrics["attribute_accuracy"] = quality.attribute_accuracy(truth, found)
     metrics["images"] = len(split)
     return metrics
@@ -205,7 +208,7 @@ def train_detector(dataset_json: Path, image_root: Path, out: Path, cfg: Detecto
         bar = tqdm(batches, desc=f"detector epoch {epoch + 1}/{cfg.epochs}", disable=not progress)
         for batch in bar:
             losses = step_loss(model, [train_set[k] for k in batch], cfg, train_proposals)
-            loss = sum(losses.values())
+            loss = cast(torch.Tensor, sum(losses.values()))  # four losses at least
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()

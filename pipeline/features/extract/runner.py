@@ -40,9 +40,9 @@ class LoopReport:
 NO_REGIONS = "no regions (0 boxes): nothing to caption from"
 
 
-def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model: BatchModel,
-                   transform, *, batch_size: int, workers: int, progress: bool = True,
-                   pin_memory: bool = False) -> LoopReport:
+def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter,
+                   model: BatchModel | None, transform, *, batch_size: int, workers: int,
+                   progress: bool = True, pin_memory: bool = False) -> LoopReport:
     """Extract every (image_id, path) not yet in ``writer`` and commit batch by batch; a
     skipped image is recorded as ``PATH: reason``."""
     from tqdm import tqdm
@@ -51,6 +51,7 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter, model
     report = LoopReport()
     if not todo:
         return report
+    assert model is not None, "images to extract need the model (None: every image is done)"
     if writer.done:
         tqdm.write(f"resuming: {len(items) - len(todo)} of {len(items)} images already in "
                    f"{writer.partial}", file=sys.stderr)

@@ -204,7 +204,7 @@ def _meta(job: ImportJob, fmt: FeatureFormat, units, sources, schema: Schema, se
 # ----------------------------------------------------------------------------- the stream
 
 class _Batch:
-    def __init__(self):
+    def __init__(self) -> None:
         self.records: list[tuple[int, Record]] = []
         self.skipped: list[tuple[int, str]] = []
         self.ids: set[int] = set()

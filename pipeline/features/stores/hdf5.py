@@ -73,8 +73,8 @@ class Hdf5Writer(StoreWriter):
     def _set_committed(self, records: int, rows: int, skipped: int,
                        progress: dict | None = None) -> None:
         self._file.flush()
-        counters = {"committed_records": records, "committed_rows": rows,
-                    "committed_skipped": skipped}
+        counters: dict[str, int | str] = {"committed_records": records, "committed_rows": rows,
+                                          "committed_skipped": skipped}
         if progress is not None:
             counters["progress"] = json.dumps(progress)
         self._file.attrs.update(counters)

@@ -29,6 +29,7 @@ import os
 import struct
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 import lmdb
 import numpy as np
@@ -162,14 +163,14 @@ class LmdbWriter(StoreWriter):
 class _EnvCache:
     """Read-only environments of this process, by path (py-lmdb allows one each)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.pid = os.getpid()
         self.envs: dict[str, lmdb.Environment] = {}
 
     def get(self, path: str) -> lmdb.Environment:
         if self.pid != os.getpid():  # a forked child: drop what the parent had open
-            for env in self.envs.values():
-                env.close()
+            for stale in self.envs.values():
+                stale.close()
             self.envs, self.pid = {}, os.getpid()
         env = self.envs.get(path)
         if env is None:
@@ -240,10 +241,11 @@ class LmdbReader(StoreReader):
         """
         d, dtype, head = self.feature_dim, self.dtype, _HEADER.size
         with self._open().begin(buffers=True) as txn:
-            bufs = [txn.get(_record_key(int(i))) for i in image_ids]
-            if any(b is None for b in bufs):
-                missing = next(i for i, b in zip(image_ids, bufs) if b is None)
+            found = [txn.get(_record_key(int(i))) for i in image_ids]
+            if any(b is None for b in found):
+                missing = next(i for i, b in zip(image_ids, found) if b is None)
                 raise KeyError(f"{self.path}: no record for image {missing}")
+            bufs = cast("list[memoryview]", found)  # none is None: checked just above
             heads = [_HEADER.unpack_from(b, 0) for b in bufs]
             rows = max((h[0] for h in heads), default=0)
             rows = min(rows, max_rows) if max_rows else rows

@@ -210,7 +210,7 @@ def _finite(features: np.ndarray, dtype: np.dtype, image_id: int, where: str) ->
     return cast(features, dtype)
 
 
-def representable(values: np.ndarray, dtype: np.dtype) -> bool:
+def representable(values: np.ndarray, dtype: np.dtype | type[np.floating]) -> bool:
     """Every value finite and within ``dtype``'s range (NaN propagates to the extremes)."""
     if not values.size:
         return True

@@ -153,6 +153,7 @@ def attention_figure(
     axes[0].imshow(image)
     for ax, word, row in zip(axes[1:], words, alphas):
         if boxes is None:
+            assert grid is not None, "_check_locations: exactly one of grid and boxes"
             _draw_grid_panel(ax, image, row, grid)
         else:
             _draw_box_panel(ax, image, row, boxes)
@@ -196,6 +197,7 @@ def stages_figure(
             ax = fig.add_subplot(len(stages), cols, r * cols + 2 + k)
             ax.set_axis_off()
             if stage_boxes is None:
+                assert grid is not None, "_check_locations: exactly one of grid and boxes"
                 _draw_grid_panel(ax, image, row, grid)
             else:
                 _draw_box_panel(ax, image, row, stage_boxes)

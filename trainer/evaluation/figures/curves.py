@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any, TypeGuard
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -23,7 +24,7 @@ MOVING_AVERAGE_WINDOW = 20
 CHANCE = 0.5  # a discriminator that cannot tell references from samples
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -51,7 +52,7 @@ def _read_metrics(path: Path) -> list[dict]:
 
 
 def _check_record(record: dict, path: Path, number: int) -> None:
-    kind = record.get("kind")
+    kind: Any = record.get("kind")  # any JSON value
     required = {"train": ("epoch", "step", "loss"), "val": ("epoch", "cider"),
                 "discriminator": ("step",)}.get(kind, ())
     if kind is None:

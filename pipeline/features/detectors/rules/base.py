@@ -28,7 +28,7 @@ class DetectorRules:
 
     name: str
 
-    def network_input(self, image: Tensor, config) -> tuple[Tensor, object]:
+    def network_input(self, image: Tensor, config) -> tuple[Tensor, float | Tensor]:
         """RGB floats 0..1 [3, H, W] -> the network's input [3, h, w] and its scale."""
         raise NotImplementedError
 

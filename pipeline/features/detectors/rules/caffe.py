@@ -56,7 +56,8 @@ class CaffeRules(DetectorRules):
     name = "caffe"
 
     def network_input(self, image: Tensor, config) -> tuple[Tensor, float]:
-        scale = scale_for(*image.shape[-2:], config.min_size, config.max_size)
+        height, width = image.shape[-2:]
+        scale = scale_for(height, width, config.min_size, config.max_size)
         return caffe_input(image, scale, config.pixel_means_bgr), scale
 
     def cell_anchors(self, proposals, file_anchors: Tensor | None) -> Tensor:

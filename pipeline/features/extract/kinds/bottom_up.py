@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pipeline.core.hashing import md5_of_file
-from pipeline.features.detectors.checkpoints import (LoadedDetector, load_detector,
-                                                     missing_checkpoint)
+from pipeline.features.detectors.checkpoints import load_detector, missing_checkpoint
 from pipeline.features.detectors.regions import BottomUpRegions
 from pipeline.features.detectors.rules import DEFAULT as DEFAULT_RULES
 from pipeline.features.detectors.rules import RULES
+from pipeline.features.detectors.selection import RegionExtractor
 from pipeline.features.detectors.vocabulary import label_names
 from pipeline.features.extract.kinds import EXTRACTORS
 from pipeline.features.extract.kinds.region_base import RegionKind, SharedRegionSettings
@@ -67,8 +68,10 @@ class BottomUp(RegionKind):
                                top_attributes=s.top_attributes, loaded=loaded)
 
     def detector_settings(self, s: BottomUpSettings,
-                          probe: BottomUpRegions) -> tuple[str, dict, dict]:
-        loaded: LoadedDetector = probe.loaded
+                          probe: RegionExtractor) -> tuple[str, dict, dict]:
+        probe = cast(BottomUpRegions, probe)  # what this kind's build() made
+        loaded = probe.loaded
+        assert loaded is not None, "build() gives the extractor the checkpoint it loaded"
         config = loaded.detector.config
         depth = 2 + 3 * sum(config.resnet.blocks)
         objects, attributes = label_names(loaded, s.objects_vocab, s.attributes_vocab)

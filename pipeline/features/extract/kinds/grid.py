@@ -102,6 +102,7 @@ class Grid(ExtractorKind):
         return batch_model(extractor, device)
 
     def rebuild(self, s: GridSettings, weights_md5: str, where: str, device: torch.device):
+        assert s.weights is not None, "rebuilt settings hold the store's weights"
         return self.model(s, Weights(s.weights, weights_md5), device), grid_transform(s.image_size)
 
 

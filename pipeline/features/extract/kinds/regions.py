@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +86,8 @@ C4_POOL_SIZE = 14  # the bottom-up model's RoI pooling on res4, halved to 7x7 by
 def layer_channels(layer: nn.Sequential) -> int:
     """Output channels of a ResNet stage (its last block's last BatchNorm)."""
     last = layer[-1]
-    return (last.bn3 if hasattr(last, "bn3") else last.bn2).num_features
+    norm = last.bn3 if hasattr(last, "bn3") else last.bn2
+    return cast(nn.BatchNorm2d, norm).num_features
 
 
 class ResNetTrunk(nn.Module):
@@ -147,6 +149,7 @@ def build_detector(arch: str = "fpn", *, backbone: str = "resnet50", num_classes
             raise CapstackError(f"backbone: unknown {backbone!r} for arch {arch!r} "
                                 f"(choose {', '.join(BACKBONES)})")
         resnet = build_resnet(backbone)
+        head: MeanPoolBoxHead | Layer4BoxHead
         if arch == "c5":
             body, pool, head = ResNetTrunk(resnet, "layer4"), C5_POOL_SIZE, MeanPoolBoxHead()
             head_channels = body.out_channels
@@ -250,6 +253,8 @@ class RegionFeatureExtractor(RegionExtractor):
     ``feature_dim`` is the box head's output size; ``layer`` describes it for the
     store's metadata. See :meth:`forward` for the two modes.
     """
+
+    detector: FasterRCNN
 
     def __init__(self, detector: FasterRCNN, *, min_boxes: int = 10, max_boxes: int = 100,
                  conf_thresh: float = 0.2, nms_thresh: float = 0.3):
@@ -393,7 +398,7 @@ class TorchvisionRegions(RegionKind):
     def settings(self, **options) -> TorchvisionRegionSettings:
         if options.setdefault("arch", self.name) != self.name:
             raise CapstackError(f"arch: {options['arch']!r} given to the kind {self.name!r}")
-        return super().settings(**options)
+        return cast(TorchvisionRegionSettings, super().settings(**options))  # self.Settings'
 
     def accepts(self, settings) -> bool:
         return type(settings) is self.Settings and settings.arch == self.name

@@ -6,6 +6,7 @@ resumed import starts at the first file not yet committed.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -35,4 +36,4 @@ def folder_steps(files: list[Path], start, read: ReadFile) -> Iterator[Step]:
             nbytes = path.stat().st_size
         except OSError:
             nbytes = 0
-        yield Step(index + 1, nbytes, SourceRow(stem, str(path), lambda p=path: read(p)))
+        yield Step(index + 1, nbytes, SourceRow(stem, str(path), partial(read, path)))

@@ -7,6 +7,7 @@ records and are skipped.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -57,7 +58,7 @@ def lmdb_steps(path: Path, start, decode: DecodeValue,
                     continue
                 text = key.decode("utf-8", "replace")
                 where = f"{path}[{text}]"
-                row = SourceRow(text, where, lambda t=text, v=value, w=where: decode(t, v, w))
+                row = SourceRow(text, where, partial(decode, text, value, where))
                 yield Step(text, len(key) + len(value), row)
     finally:
         env.close()

@@ -10,6 +10,7 @@ no image size: ``--image-root`` reads it from the images.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -34,6 +35,7 @@ def _open(path: Path):
 
 def m2_record(f, key: str) -> Record:
     features = _array(f, f"{key}{SUFFIX}")
+    assert features is not None, "a required dataset is read or refused"
     if features.ndim != 2:
         raise BadRow(f"{key}{SUFFIX} of shape {list(features.shape)}, expected [N, D]")
     n, fields = features.shape[0], {}
@@ -100,7 +102,7 @@ class M2Hdf5(FeatureFormat):
             for index in range(int(start or 0), len(keys)):
                 key, where = keys[index], f"{unit}[{keys[index]}{SUFFIX}]"
                 size = _nbytes(f, f"{key}{SUFFIX}")
-                yield Step(index + 1, size, SourceRow(key, where, lambda k=key: m2_record(f, k)))
+                yield Step(index + 1, size, SourceRow(key, where, partial(m2_record, f, key)))
 
     def producer(self, units: list[Path]) -> dict:
         return {"layout": "aimagelab/meshed-memory-transformer coco_detections.hdf5",

@@ -178,7 +178,8 @@ class RtlLmdb(FeatureFormat):
                                     f"dump_to_lmdb.py stores raw npz/npy bytes ('identity')")
 
     def producer(self, units: list[Path]) -> dict:
-        notes = {"layout": "ruotianluo/self-critical.pytorch scripts/dump_to_lmdb.py (lmdbdict)"}
+        notes: dict[str, str | None] = {
+            "layout": "ruotianluo/self-critical.pytorch scripts/dump_to_lmdb.py (lmdbdict)"}
         env = open_lmdb(units[0])
         try:
             with env.begin() as txn:

@@ -1,0 +1,109 @@
+"""Building a run from its experiment: the data, the decoder, the objective, the optimiser, the
+precision, and the loss that DDP wraps when there are several processes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from pipeline.captions.prepared import Captions, load_captions
+from pipeline.core.errors import CapstackError
+from pipeline.core.ranks import Ranks
+from trainer.checkpoint import identity
+from trainer.config import ExperimentConfig
+from trainer.data import Features, TrainBatches, covered
+from trainer.decoders.base import Decoder
+from trainer.objectives import Objective, Setting, TrainingLoss, build_objective
+from trainer.optimizers import build_optimizer
+from trainer.precision import Precision
+
+
+@dataclass
+class Parts:
+    """What a run trains with; everything else a run holds is where it stands."""
+
+    captions: Captions
+    features: Features
+    identity: dict  # what a checkpoint of it must match (trainer/checkpoint.py)
+    model: Decoder
+    batches: TrainBatches  # the train split's, epoch by epoch
+    objective: Objective
+    precision: Precision
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.StepLR
+    loss: torch.nn.Module  # TrainingLoss, in DDP under torchrun
+
+
+def device_of(config: ExperimentConfig, ranks: Ranks) -> torch.device:
+    try:
+        return ranks.device(config.train.device)
+    except CapstackError as error:
+        raise CapstackError(f"train.device: {error}") from None
+
+
+def data_of(config: ExperimentConfig) -> tuple[Captions, Features]:
+    """The prepared captions of the images every store holds, and the stores."""
+    features = Features(config.data.features, config.data.max_regions, config.data.box_geometry)
+    captions = covered(load_captions(config.data.captions), features)
+    require_splits(captions, config.data.captions)
+    return captions, features
+
+
+def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
+          split_batches: Callable[[str], TrainBatches], log: Callable[[dict], None]) -> Parts:
+    """A run's parts. ``split_batches`` and ``log`` are the run's, handed to the objective
+    (what it draws of its own, where its entries go)."""
+    t = config.train
+    captions, features = data_of(config)
+    torch.manual_seed(t.seed)  # the same initial weights (the objective's too) per seed
+    model = config.build_decoder(len(captions.vocab), features.feature_dim).to(device)
+    batches = TrainBatches(captions, features, batch_size=t.batch_size,
+                           seq_per_img=config.data.seq_per_img, seed=t.seed,
+                           batching=config.data.batching, ranks=ranks)
+    objective = build_objective(config.objective.name, config.objective.config,
+                                Setting(captions, t.max_len, device,
+                                        epoch_batches=len(batches), batches=split_batches,
+                                        log=log))
+    objective.to(device)
+    objective.bind(model)
+    precision = Precision(t.amp, device)
+    precision.refuse_own_optimisers(objective.optimizers())
+    optimizer = build_optimizer(
+        t.optimizer.name, t.optimizer.config,
+        [{"params": params, "name": name} for name, params in model.parameter_groups().items()],
+        t.lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(
+        optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
+    return Parts(captions, features,
+                 identity(config.decoder.name, asdict(config.decoder.config),
+                          captions.vocab.itow, features.describe()),
+                 model, batches, objective, precision, optimizer, scheduler,
+                 wrapped(TrainingLoss(model, objective), ranks))
+
+
+def wrapped(loss: TrainingLoss, ranks: Ranks) -> torch.nn.Module:
+    """DistributedDataParallel around the loss when there are several processes."""
+    if not ranks.distributed:
+        return loss
+    from torch.nn.parallel import DistributedDataParallel
+
+    model, objective = loss.decoder, loss.objective
+    trained = {id(p) for params in model.parameter_groups().values() for p in params}
+    elsewhere = [f"decoder.{name}" for name, p in model.named_parameters()
+                 if id(p) not in trained]  # an objective's own optimiser trains them
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(loss, elsewhere)
+    return DistributedDataParallel(loss, find_unused_parameters=objective.leaves_parameters_out(
+        model))
+
+
+def require_splits(captions: Captions, where) -> None:
+    """Refuse, before the first step, captions with no train or no val image among those the
+    stores hold: training validates on val every epoch, and an empty one was found only after
+    a whole epoch."""
+    for split in ("train", "val"):
+        if len(captions.rows(split)) == 0:
+            raise CapstackError(f"{where}: the {split} split has no images (among those every "
+                                f"feature store holds); training needs train images and "
+                                f"validates on val images every epoch")

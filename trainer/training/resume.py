@@ -1,0 +1,131 @@
+"""Where a run starts: from scratch, from another run's weights (``train.init_from``: RL after
+XE), or from its own ``last.pt``; and what a resume must agree with (the data and decoder of
+its identity, its recipe, its start, its optimiser's shapes)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from pipeline.core.atomic import atomic_file
+from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import md5_of_file
+from trainer.checkpoint import check_identity, load_checkpoint
+from trainer.config import ExperimentConfig, experiment_from_dict
+
+if TYPE_CHECKING:
+    from trainer.training.run import Run
+
+# init_from: the start is compared by content (its md5, in resume), wherever the file now lies
+RESUMABLE_CHANGES = {"epochs", "device", "amp", "checkpoint_every", "log_every", "init_from",
+                     "tensorboard", "early_stop_patience"}
+RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
+
+
+def starting_checkpoint(config: ExperimentConfig) -> dict | None:
+    """``train.init_from`` and its digest: a run resumes only from the start it was given."""
+    path = config.train.init_from
+    if not path:
+        return None
+    file = Path(path) / "best.pt" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it first)")
+    return {"path": str(path), "md5": md5_of_file(file)}
+
+
+def start_from(run: Run, path: str) -> None:
+    """Weights of another run's checkpoint (RL after XE), on the same data and decoder; that
+    start validated is the best so far, which the run must beat to replace best.pt."""
+    ckpt = load_checkpoint(path)
+    check_identity(ckpt["identity"], run.identity, Path(ckpt["path"]))
+    run.model.load_state_dict(ckpt["model"])
+    scores = run.validate()
+    run.kept.start(scores)
+    run.log({"kind": "val", "epoch": -1, **scores, "start": path, "time": time.time()})
+    run.save("best.pt")
+
+
+def resume(run: Run) -> tuple[int, int] | None:
+    """The run's own ``last.pt`` loaded into it: its (epoch, batch); None when there is none.
+    Another identity, recipe or start is refused."""
+    path = run.out_dir / "last.pt"
+    if not path.is_file():
+        return None
+    ckpt = load_checkpoint(path)
+    check_identity(ckpt["identity"], run.identity, path)
+    check_recipe(run.config, ckpt["experiment"], path)
+    check_start(ckpt.get("start"), run.start, path)
+    run.model.load_state_dict(ckpt["model"])
+    check_optimiser_state(ckpt["optimizer"], run.optimizer, path)
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.scheduler.load_state_dict(ckpt["scheduler"])
+    run.objective.load_state_dict(ckpt["objective"])
+    run.precision.load_state_dict(ckpt.get("precision", {}))
+    run.epoch, run.batch, run.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
+    run.kept.restore(ckpt)
+    # a checkpoint saved before runs kept it: the epoch's mean is of the steps run from here
+    run.epoch_loss = list(ckpt.get("epoch_loss", [0.0, 0]))
+    if run.ranks.main:
+        trim_log(run.out_dir / "metrics.jsonl", run.epoch, run.step)
+    return run.epoch, run.batch
+
+
+def check_start(started: dict | None, start: dict | None, path: Path) -> None:
+    if (started or {}).get("md5") != (start or {}).get("md5"):
+        was = f"{started['path']} (md5 {started['md5']})" if started else "scratch"
+        now = f"{start['path']} (md5 {start['md5']})" if start else "scratch"
+        raise CapstackError(f"{path}: this run started from {was}, the config asks {now}")
+
+
+def check_recipe(config: ExperimentConfig, saved: dict, path: Path) -> None:
+    """A run resumes only with the training settings it was started with (more epochs,
+    another device or checkpoint interval excepted): a changed lr is another run. The
+    saved experiment is read as any experiment first, so a setting added since it was
+    saved compares as its default."""
+    saved = experiment_from_dict(saved, str(path)).to_dict()
+    now = config.to_dict()
+    for section in RECIPE:
+        old, new = saved.get(section, {}), now[section]
+        for key in sorted(set(old) | set(new)):
+            if key in RESUMABLE_CHANGES or old.get(key) == new.get(key):
+                continue
+            raise CapstackError(f"{path}: {section}.{key}: the run was trained with "
+                                f"{old.get(key)!r}, the config asks {new.get(key)!r} "
+                                f"(another run: use another --out, or --restart-on-change)")
+
+
+def check_optimiser_state(saved: dict, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Refuse a saved optimiser state whose moments do not have their parameters' shapes (a run
+    saved by a capstack whose decoder kept its weights in other blocks): torch would load it
+    and fail at the first step with a size mismatch naming no file."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, state in saved.get("state", {}).items():
+        shape = params[index].shape if 0 <= index < len(params) else None
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != shape:
+                raise CapstackError(
+                    f"{path}: its optimiser state does not fit this model (parameter {index}'s "
+                    f"{key} is {list(value.shape)}, the parameter {list(shape or [])}): saved by "
+                    f"a capstack whose decoder kept other weight shapes; start a new run from "
+                    f"its weights instead (train.init_from: {path})")
+
+
+def trim_log(path: Path, epoch: int, step: int) -> None:
+    """Drop the log lines written after the checkpoint at (epoch, step): a killed run's lost
+    work."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and
+            _before_checkpoint(json.loads(line), epoch, step)]
+    with atomic_file(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in kept))
+
+
+def _before_checkpoint(entry: dict, epoch: int, step: int) -> bool:
+    if entry.get("kind") == "val":
+        return entry["epoch"] < epoch
+    return entry.get("step", 0) <= step
