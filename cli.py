@@ -731,10 +731,13 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a checkpoint; with --refs "
                                    f"TARGET is a results file, already decoded")
-        scores = score_files(target, refs, max_refs=max_refs or 0)
+        scores, statistics = score_files(target, refs, max_refs=max_refs or 0)
         if out_dir:  # what the line below says was written
             from pipeline.core.jsonfile import write_json
+            from trainer.scoring.metrics import STATISTICS_FILE
+
             write_json(out_dir / "metrics.json", scores)
+            write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
     else:
         out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
         scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
@@ -797,17 +800,36 @@ def cider_cache_cmd(prepared, split, out):
 
 
 @stage_command("report", code="trainer.evaluation.report")
-@click.argument("metrics", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("metrics", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", default="reports", show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
-def report_cmd(metrics, out_dir):
-    """One table of every evaluated experiment (metrics.json files or their folders), in %."""
-    from trainer.evaluation.report import write_report
+@click.option("--compare", nargs=2, type=click.Path(path_type=Path), default=None,
+              metavar="A B", help="Two evaluation folders of the same images: A - B per value, "
+                                  "its interval and how often A is ahead, by the paired "
+                                  "bootstrap over the images (OUT/compare.md, compare.json).")
+@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="--compare: bootstrap resamples.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1),
+              help="--compare: the resamples' seed (the same seed, the same result).")
+def report_cmd(metrics, out_dir, compare, resamples, seed):
+    """One table of every evaluated experiment (metrics.json files or their folders), in %;
+    with --compare A B, whether A's difference from B is real on these images."""
+    if not metrics and not compare:
+        raise click.UsageError("name the evaluations to report (METRICS...), or --compare A B")
+    if metrics:
+        from trainer.evaluation.report import write_report
 
-    files = [m / "metrics.json" if m.is_dir() else m for m in metrics]
-    csv_path, md_path = write_report(files, out_dir)
-    click.echo(md_path.read_text().rstrip())
-    click.echo(f"-> {csv_path}, {md_path}")
+        files = [m / "metrics.json" if m.is_dir() else m for m in metrics]
+        csv_path, md_path = write_report(files, out_dir)
+        click.echo(md_path.read_text().rstrip())
+        click.echo(f"-> {csv_path}, {md_path}")
+    if compare:
+        from trainer.evaluation.compare import write_comparison
+
+        json_path, md_path, text = write_comparison(*compare, out_dir, resamples=resamples,
+                                                    seed=seed)
+        click.echo(text.rstrip())
+        click.echo(f"-> {json_path}, {md_path}")
 
 
 @main.command("inspect")

@@ -241,7 +241,10 @@ def test_score_files(tmp_path, no_java):
                      [{"image_id": k, "caption": c} for k, c in PERFECT.items()])
     refs = _write(tmp_path / "refs_test.json", _refs_doc(REFS))
     assert Refs.load_references(refs) == REFS
-    out = M.score_files(results, refs)
+    out, statistics = M.score_files(results, refs)
+    assert statistics["image_ids"] == list(PERFECT)  # the bootstrap's: one row per image
+    assert set(statistics["metrics"]) == {"bleu", "rouge-l", "cider"}
+    assert all(len(rows) == len(PERFECT) for rows in statistics["metrics"].values())
     assert out["results"] == str(results) and out["references"] == str(refs)
     assert out["images"] == len(PERFECT)
     assert out["metrics"]["BLEU-1"] == pytest.approx(1.0, abs=1e-6)

@@ -5,7 +5,9 @@
 metrics, the reason of every unavailable metric, tokenizer, checkpoint, and under
 ``"diversity"`` how varied the predicted captions are: distinct-1/2, vocabulary used,
 unique captions, mean length; trainer/scoring/metrics/),
-``attention/<image id>.png`` for the first few images and ``curves.png``.
+``image_statistics.json`` (each image's statistics of the metrics that have some: what
+``capstack report --compare`` resamples), ``attention/<image id>.png`` for the first few
+images and ``curves.png``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from trainer.decoders.base import Decoder
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
-from trainer.scoring.metrics import score
+from trainer.scoring.metrics import STATISTICS_FILE, scored_images
 from trainer.scoring.references import load_references
 
 EVAL_BATCH = 50
@@ -71,12 +73,13 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
     write_json(out_dir / f"results_{s.split}.json",
                [{"image_id": p.image_id, "caption": " ".join(p.words)} for p in preds])
     references = load_references(captions.references_path(s.split))
-    scores = score({p.image_id: " ".join(p.words) for p in preds}, references, spice=spice,
-                   max_refs=s.max_refs)
+    scores, statistics = scored_images({p.image_id: " ".join(p.words) for p in preds},
+                                       references, spice=spice, max_refs=s.max_refs)
     metrics = {"approach": config.name, "objective": config.objective.name, **ckpt["table"],
                **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
                "epoch": ckpt["best_epoch"] + 1}
     write_json(out_dir / "metrics.json", metrics)
+    write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
     if s.figures:
         pictures = Pictures(preds[:s.figures], vocab, features, captions, out_dir, dev, s.max_len)
         pictures.attention()

@@ -80,7 +80,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _read_metrics_doc(path: str | Path) -> dict:
+def read_metrics_doc(path: str | Path) -> dict:
     """The whole metrics.json written by evaluate, checked."""
     doc = read_json(path, "metrics file")
     if not isinstance(doc, dict):
@@ -103,7 +103,7 @@ def _read_metrics_doc(path: str | Path) -> dict:
 
 def load_metrics_file(path: str | Path) -> tuple[str, dict]:
     """(approach, its "metrics" dict) from an evaluate metrics.json; ready for metrics_table."""
-    doc = _read_metrics_doc(path)
+    doc = read_metrics_doc(path)
     return doc["approach"], doc["metrics"]
 
 
@@ -170,7 +170,7 @@ def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
     """Write out_dir/metrics.csv and out_dir/metrics.md (atomically) from metrics.json files."""
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
-    docs = [_read_metrics_doc(p) for p in metric_files]
+    docs = [read_metrics_doc(p) for p in metric_files]
     table = metrics_table([(d["approach"], d["metrics"], *training_of(d)) for d in docs])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ from collections.abc import Collection, Hashable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from pipeline.core.errors import CapstackError, where
 from pipeline.core.registry import Registry, import_modules
 from trainer.scoring.metrics.base import Metric, Texts
@@ -31,6 +33,7 @@ from trainer.scoring.text import tokenize_any
 
 METRICS = Registry("metric")
 MAIN_SECTION = "metrics"  # metrics.json's part for the table's values
+STATISTICS_FILE = "image_statistics.json"  # beside metrics.json: scored_images' second part
 
 
 def metrics() -> list[tuple[str, Metric]]:
@@ -83,12 +86,12 @@ def score_tokenized(keys, candidates: dict[int, str],
     return out
 
 
-def _run(metric: Metric, texts: Texts, filed: dict, unavailable: dict) -> None:
+def _run(metric: Metric, texts: Texts, filed: dict, unavailable: dict) -> np.ndarray | None:
     """File ``metric``'s values; a failure, or a value that is not a finite number, becomes
-    None plus a reason (a count stays an int)."""
+    None plus a reason (a count stays an int). Its per-image statistics, when it has some."""
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints
-            values = metric.compute(texts)
+            values, statistics = metric.scored(texts)
         if len(values) != len(metric.values):
             raise RuntimeError(f"scorer returned {len(values)} values for "
                                f"{len(metric.values)} metrics")
@@ -96,7 +99,7 @@ def _run(metric: Metric, texts: Texts, filed: dict, unavailable: dict) -> None:
         reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         for name in metric.values:
             filed[name], unavailable[name] = None, f"scorer failed: {reason}"
-        return
+        return None
     for name, value in zip(metric.values, values):
         if isinstance(value, int) and not isinstance(value, bool):
             filed[name] = value
@@ -106,16 +109,26 @@ def _run(metric: Metric, texts: Texts, filed: dict, unavailable: dict) -> None:
             filed[name] = float(value)
         else:
             filed[name], unavailable[name] = None, f"scorer returned {value}"
+    return statistics
 
 
 def score(candidates: dict[int, str], references: dict[int, list[str]], *,
           spice: bool = True, skip: Collection[str] = (), max_refs: int = 0) -> dict:
+    """:func:`scored_images`' scores (what metrics.json holds)."""
+    return scored_images(candidates, references, spice=spice, skip=skip, max_refs=max_refs)[0]
+
+
+def scored_images(candidates: dict[int, str], references: dict[int, list[str]], *,
+                  spice: bool = True, skip: Collection[str] = (), max_refs: int = 0
+                  ) -> tuple[dict, dict]:
     """Tokenize (PTB, or the simple tokenizer without Java), then run every metric: their
     values under their sections (``metrics``, ``diversity``), None plus a reason where one
-    cannot run. ``skip`` names metrics left out (None, "not requested"); ``spice=False``
-    skips SPICE (slow); ``max_refs``: against each image's
-    first that many references (0: all of them; Show, Attend and Tell scores against 5 of
-    COCO's 5 to 7)."""
+    cannot run; and the per-image statistics of those that have some (``image_ids`` and,
+    per metric, one row per image: what image_statistics.json holds, for the bootstrap).
+
+    ``skip`` names metrics left out (None, "not requested"); ``spice=False`` skips SPICE
+    (slow); ``max_refs``: against each image's first that many references (0: all of them;
+    Show, Attend and Tell scores against 5 of COCO's 5 to 7)."""
     refs = first_references(check_inputs(candidates, references), max_refs)
     merged: dict[Hashable, list[str]] = {("c", k): [v] for k, v in candidates.items()}
     merged.update({("r", k): v for k, v in refs.items()})
@@ -124,6 +137,7 @@ def score(candidates: dict[int, str], references: dict[int, list[str]], *,
                   {k: tokenized[("c", k)] for k in candidates}, dict(candidates))
     sections: dict[str, dict] = {MAIN_SECTION: {}}
     unavailable: dict[str, str] = {}
+    per_image: dict[str, list] = {}
     skipped = set(skip) | (set() if spice else {"spice"})
     unknown = sorted(skipped - set(METRICS))
     if unknown:
@@ -135,23 +149,28 @@ def score(candidates: dict[int, str], references: dict[int, list[str]], *,
             filed.update({value: None for value in metric.values})
             unavailable.update({value: missing for value in metric.values})
         else:
-            _run(metric, texts, filed, unavailable)
-    return {**sections, "unavailable": unavailable, "tokenizer": tokenizer,
-            "images": len(candidates), "max_refs": max_refs}
+            statistics = _run(metric, texts, filed, unavailable)
+            if statistics is not None:
+                per_image[name] = statistics.tolist()
+    return ({**sections, "unavailable": unavailable, "tokenizer": tokenizer,
+             "images": len(candidates), "max_refs": max_refs},
+            {"image_ids": list(texts.candidates), "metrics": per_image})
 
 
 def score_files(results_path: str | Path, references_path: str | Path, *,
-                spice: bool = True, max_refs: int = 0) -> dict:
-    """Score a COCO results file against a COCO references file."""
+                spice: bool = True, max_refs: int = 0) -> tuple[dict, dict]:
+    """Score a COCO results file against a COCO references file: :func:`scored_images`'
+    scores and per-image statistics."""
     candidates = load_results(results_path)
     references = load_references(references_path)
     try:
-        scored = score(candidates, references, spice=spice, max_refs=max_refs)
+        scored, statistics = scored_images(candidates, references, spice=spice,
+                                           max_refs=max_refs)
     except CapstackError as exc:
         raise CapstackError(f"{where(results_path)}: {exc} (references: {references_path})") \
             from None
     scored.update({"results": str(results_path), "references": str(references_path)})
-    return scored
+    return scored, statistics
 
 
 import_modules(__name__, __path__)  # each registers itself

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Texts:
@@ -46,4 +48,19 @@ class Metric:
         return None
 
     def compute(self, texts: Texts) -> Sequence[float | int | None]:
-        raise NotImplementedError
+        """Its values on these texts, in the order of ``values``."""
+        return self.scored(texts)[0]
+
+    def scored(self, texts: Texts) -> tuple[Sequence[float | int | None], np.ndarray | None]:
+        """Its values, and the per-image statistics they follow from: an array [images, k]
+        in ``texts.candidates``' order whose rows, summed over any set of the images (a
+        bootstrap resample: trainer/scoring/bootstrap.py), give its values on that set
+        through :meth:`aggregate`. None for a metric whose value does not decompose so
+        (METEOR's and SPICE's are not the mean of their images' scores)."""
+        return self.compute(texts), None
+
+    def aggregate(self, totals: np.ndarray, images: int) -> np.ndarray:
+        """Its values from per-image statistics summed over ``images`` images ([..., k] ->
+        [..., values]). By default a mean: a metric whose value is the mean of its images'
+        scores (CIDEr-D, ROUGE-L)."""
+        return totals / images

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from trainer.scoring.metrics import METRICS
 from trainer.scoring.metrics.base import Metric, Texts
 
@@ -15,7 +17,8 @@ class Cider(Metric):
     keys = ("cider",)
     place = 40
 
-    def compute(self, texts: Texts) -> list[float]:
+    def scored(self, texts: Texts) -> tuple[list[float], np.ndarray]:
         from pycocoevalcap.cider.cider import Cider as Scorer
 
-        return [Scorer().compute_score(texts.references, texts.candidates)[0]]
+        value, per_image = Scorer().compute_score(texts.references, texts.candidates)
+        return [value], np.asarray(per_image, dtype=np.float64)[:, None]  # value: their mean

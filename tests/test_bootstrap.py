@@ -1,0 +1,151 @@
+"""The paired bootstrap (trainer/scoring/bootstrap.py) and ``capstack report --compare``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import cli
+from pipeline.core.errors import CapstackError
+from trainer.scoring.bootstrap import paired_bootstrap, resample_counts
+from trainer.scoring.metrics.base import Metric, Texts
+from trainer.scoring.metrics.bleu import Bleu
+from trainer.scoring.metrics.cider import Cider
+from trainer.scoring.metrics.rouge import RougeL
+
+REFS = {1: ["a dog runs on the grass", "a brown dog running across a field"],
+        2: ["two people ride bikes down a street", "cyclists on a city road"],
+        3: ["a plate of food with vegetables", "a meal of rice and greens on a plate"],
+        4: ["a man flies a kite on the beach", "a kite above the sand and sea"],
+        5: ["a cat sleeps on a sofa", "a grey cat asleep on the couch"],
+        6: ["a red bus on a wet road", "a double decker bus in the rain"]}
+GOOD = {1: "a dog running on the grass", 2: "two people ride bikes on a street",
+        3: "a plate of food with rice", 4: "a man flies a kite on the beach",
+        5: "a cat sleeps on the couch", 6: "a red bus on the road"}
+POOR = {1: "a cat on a table", 2: "a man on a street", 3: "food", 4: "a man on the beach",
+        5: "a dog on a sofa", 6: "a car on a road"}
+
+
+class MeanScore(Metric):
+    """A metric whose value is the mean of one score per image (as CIDEr-D's)."""
+
+    values = ("S",)
+
+
+def texts(candidates: dict[int, str]) -> Texts:
+    return Texts(REFS, {k: [v] for k, v in candidates.items()}, dict(candidates))
+
+
+def test_resample_counts_draw_every_image_count_times_with_replacement():
+    counts = resample_counts(7, 50, np.random.default_rng(0))
+    assert counts.shape == (50, 7) and (counts.sum(axis=1) == 7).all()
+    assert (counts > 1).any() and (counts == 0).any()  # with replacement
+
+
+def test_a_constant_gain_per_image_is_real():
+    rng = np.random.default_rng(1)
+    b = rng.uniform(0.2, 0.8, size=(200, 1))
+    (d,) = paired_bootstrap(MeanScore(), b + 0.05, b, resamples=500, seed=3)
+    assert d.difference == pytest.approx(0.05)
+    assert d.low > 0 and d.share == 1.0  # A ahead in every resample
+
+
+def test_identical_systems_differ_by_nothing_and_each_is_ahead_half_the_time():
+    b = np.random.default_rng(2).uniform(size=(100, 1))
+    (d,) = paired_bootstrap(MeanScore(), b.copy(), b, resamples=300, seed=0)
+    assert d.difference == d.low == d.high == 0 and d.share == 0.5
+
+
+def test_two_systems_of_equal_quality_give_an_interval_around_zero():
+    """A is B with its images' scores shuffled: the same mean, other images."""
+    rng = np.random.default_rng(4)
+    b = rng.uniform(size=(400, 1))
+    a = b[rng.permutation(400)]
+    (d,) = paired_bootstrap(MeanScore(), a, b, resamples=1000, seed=5)
+    assert d.low < 0 < d.high and 0.3 < d.share < 0.7
+
+
+def test_a_seed_repeats_exactly_and_another_seed_resamples_otherwise():
+    rng = np.random.default_rng(6)
+    a, b = rng.uniform(size=(80, 1)), rng.uniform(size=(80, 1))
+    first = paired_bootstrap(MeanScore(), a, b, resamples=250, seed=11)
+    assert paired_bootstrap(MeanScore(), a, b, resamples=250, seed=11) == first
+    assert paired_bootstrap(MeanScore(), a, b, resamples=250, seed=12) != first
+
+
+def test_systems_over_other_images_are_refused():
+    with pytest.raises(CapstackError, match="same images"):
+        paired_bootstrap(MeanScore(), np.zeros((3, 1)), np.zeros((4, 1)))
+
+
+@pytest.mark.parametrize("metric", [Bleu(), Cider(), RougeL()], ids=["bleu", "cider", "rouge"])
+def test_the_statistics_summed_over_all_images_give_pycocoevalcaps_values(metric):
+    """BLEU from its sufficient statistics, CIDEr-D and ROUGE-L as their images' mean: on the
+    full set, the corpus values pycocoevalcap gives."""
+    for candidates in (GOOD, POOR):
+        values, statistics = metric.scored(texts(candidates))
+        again = metric.aggregate(statistics.sum(axis=0), len(candidates))
+        assert again == pytest.approx(values, rel=1e-12, abs=1e-15)
+
+
+def test_bleu_statistics_on_a_subset_are_that_subsets_corpus_bleu():
+    subset = {k: GOOD[k] for k in (2, 4, 5)}
+    _, full = Bleu().scored(texts(GOOD))
+    values, _ = Bleu().scored(Texts({k: REFS[k] for k in subset},
+                                    {k: [v] for k, v in subset.items()}, subset))
+    rows = [list(GOOD).index(k) for k in subset]
+    assert Bleu().aggregate(full[rows].sum(axis=0), 3) == pytest.approx(values, rel=1e-12)
+
+
+def evaluation(tmp_path, name: str, candidates: dict[int, str]):
+    """`capstack evaluate RESULTS --refs REFS --out DIR`: a folder report --compare reads."""
+    results = tmp_path / f"{name}.json"
+    results.write_text(json.dumps([{"image_id": k, "caption": v}
+                                   for k, v in candidates.items()]))
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({"images": [{"id": k} for k in REFS], "annotations": [
+        {"image_id": k, "caption": c} for k, caps in REFS.items() for c in caps]}))
+    out = tmp_path / name
+    done = CliRunner().invoke(cli.main, ["evaluate", str(results), "--refs", str(refs),
+                                         "--out", str(out)], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    doc = json.loads((out / "metrics.json").read_text())
+    (out / "metrics.json").write_text(json.dumps({**doc, "approach": name}))
+    return out
+
+
+def test_report_compare_says_which_differences_are_real(tmp_path):
+    good, poor = evaluation(tmp_path, "good", GOOD), evaluation(tmp_path, "poor", POOR)
+    statistics = json.loads((good / "image_statistics.json").read_text())
+    assert statistics["image_ids"] == list(GOOD) and set(statistics["metrics"]) == {
+        "bleu", "rouge-l", "cider"}
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(poor), "--out",
+                                         str(tmp_path / "reports"), "--resamples", "400"],
+                              catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    written = json.loads((tmp_path / "reports" / "compare.json").read_text())
+    by_value = {d["value"]: d for d in written["differences"]}
+    assert list(by_value) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L", "CIDEr"]
+    for name in ("BLEU-1", "CIDEr", "ROUGE-L"):
+        assert by_value[name]["low"] > 0 and by_value[name]["share"] > 0.95, by_value[name]
+    good_doc = json.loads((good / "metrics.json").read_text())
+    assert by_value["CIDEr"]["a"] == pytest.approx(good_doc["metrics"]["CIDEr"])
+    assert by_value["BLEU-4"]["a"] == pytest.approx(good_doc["metrics"]["BLEU-4"])
+    assert "| CIDEr |" in done.output and "A ahead in" in done.output
+    assert (tmp_path / "reports" / "compare.md").read_text() in done.output + "\n"
+
+
+def test_report_compare_refuses_other_images_and_a_folder_without_statistics(tmp_path):
+    good = evaluation(tmp_path, "good", GOOD)
+    fewer = evaluation(tmp_path, "fewer", {k: v for k, v in POOR.items() if k != 6})
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(fewer),
+                                         "--out", str(tmp_path / "r")])
+    assert done.exit_code == 1 and "not the same images" in done.output
+    (fewer / "image_statistics.json").unlink()
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(fewer),
+                                         "--out", str(tmp_path / "r")])
+    assert done.exit_code == 1 and "image_statistics.json: not found: evaluate again" in \
+        done.output
