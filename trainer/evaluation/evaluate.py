@@ -44,6 +44,18 @@ def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary, ExperimentConfig]:
     return model.eval(), vocab, config
 
 
+def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str) -> dict:
+    """What made this row, for the report to tell rows apart (it shows those that vary): the
+    run, its decoder, objective and reward, the features (their files' names), the seed, and
+    the decoding and scoring settings."""
+    reward = getattr(config.objective.config, "reward", None)
+    return {"run": str(Path(checkpoint).parent), "decoder": config.decoder.name,
+            "objective": config.objective.name, "reward": getattr(reward, "name", ""),
+            "features": "+".join(Path(f).stem for f in config.data.features),
+            "seed": config.train.seed, "beam": s.beam_size, "max_len": s.max_len,
+            "split": s.split, "max_refs": s.max_refs}
+
+
 def eval_settings(saved: EvalConfig, **given) -> EvalConfig:
     """The experiment's ``eval:`` settings, with those given on the command line (not None)."""
     chosen = {**asdict(saved), **{k: v for k, v in given.items() if v is not None}}
@@ -77,7 +89,7 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                                        references, spice=spice, max_refs=s.max_refs)
     metrics = {"approach": config.name, "objective": config.objective.name, **ckpt["table"],
                **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
-               "epoch": ckpt["best_epoch"] + 1}
+               "epoch": ckpt["best_epoch"] + 1, "setting": setting_of(config, s, ckpt["path"])}
     write_json(out_dir / "metrics.json", metrics)
     write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
     if s.figures:

@@ -1,26 +1,36 @@
-"""The papers' comparison table: one row per approach, metrics in percent.
+"""The papers' comparison table: one row per evaluation, metrics in percent.
 
 Each row says how its model was trained (``Training``: the objective's label,
 XE, SCST, C2F, which evaluate records with the objective's family). Rows of
 several families make one block each, as in Stack-Cap's Tables 1 and 2:
 cross-entropy first, then reinforcement. The report reads metrics.json files
 only; it knows no objective.
+
+Rows say what differs between them: of the settings evaluate records (``setting``: the
+decoder, the reward, the features, the seed, the beam, the decoding length, the split, the
+references scored against), each that varies across the rows is a column after Training;
+the run's folder too when rows would otherwise read the same. The table is written as
+markdown, CSV and JSON.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError, where
-from pipeline.core.jsonfile import read_json
+from pipeline.core.jsonfile import read_json, write_json
 from trainer.scoring.metrics import table_columns
 
 LABEL_COLUMNS = ["Approach", "Training"]
+# the settings a column shows when they vary across the rows (metrics.json's "setting"), in order
+SETTING_COLUMNS = ("decoder", "reward", "features", "seed", "beam", "max_len", "split",
+                   "max_refs")
 NA = "n/a"
 FAMILIES = {"cross-entropy": "Cross-entropy training",  # an objective's family -> its block
             "reinforcement": "Reinforcement with CIDEr-D rewards",
@@ -28,9 +38,21 @@ FAMILIES = {"cross-entropy": "Cross-entropy training",  # an objective's family 
 
 
 
-def columns() -> list[str]:
-    """The table's columns: the labels, then each registered metric's (trainer/scoring/metrics/)."""
-    return LABEL_COLUMNS + [column for column, _ in table_columns()]
+def columns(settings: Sequence[str] = ()) -> list[str]:
+    """The table's columns: the labels, the ``settings`` shown, then each registered metric's
+    (trainer/scoring/metrics/)."""
+    return LABEL_COLUMNS + list(settings) + [column for column, _ in table_columns()]
+
+
+def varying(settings: list[dict], labels: list[tuple]) -> list[str]:
+    """The settings to show: each of :data:`SETTING_COLUMNS` whose value is not the same in
+    every row, then ``run`` when two rows would read the same without it."""
+    shown = [k for k in SETTING_COLUMNS
+             if len({str(s.get(k, "")) for s in settings}) > 1]
+    keys = [(*label, *(str(s.get(k, "")) for k in shown)) for label, s in zip(labels, settings)]
+    if len(set(keys)) < len(keys) and len({str(s.get("run", "")) for s in settings}) > 1:
+        shown.append("run")
+    return shown
 
 
 def _percent(value: Any) -> float | str:
@@ -53,22 +75,31 @@ def one_line(text: Any) -> str:
 
 
 def metrics_table(rows: list[tuple]) -> pd.DataFrame:
-    """One row per (approach, score()["metrics"][, training[, family]]); columns exactly
-    :func:`columns`.
+    """One row per (approach, score()["metrics"][, training[, family[, setting]]]); columns
+    exactly :func:`columns` of the settings that vary (:func:`varying`).
 
     Rows are ordered block by block (cross-entropy, then reinforcement, ...), in the given
     order within a block; ``table.attrs["families"]`` holds each row's family. Approach and
     training labels are put on one line (:func:`one_line`).
     """
     shown = table_columns()
-    rows = sorted([(approach, metrics, *(list(rest) + ["", ""])[:2])
+    defaults: list[Any] = ["", "", {}]  # training, family, setting
+    rows = sorted([(approach, metrics, *rest, *defaults[len(rest):])
                    for approach, metrics, *rest in rows], key=lambda r: _block_order(r[3]))
+    settings = varying([setting for *_, setting in rows],
+                       [(one_line(r[0]), one_line(r[2])) for r in rows])
     table = pd.DataFrame([[one_line(approach), one_line(training),
+                           *[one_line(setting.get(k, "")) for k in settings],
                            *[_percent(metrics.get(value)) for _, value in shown]]
-                          for approach, metrics, training, _ in rows], columns=columns(),
-                         dtype=object)
-    table.attrs["families"] = [family for *_, family in rows]
+                          for approach, metrics, training, _, setting in rows],
+                         columns=columns(settings), dtype=object)
+    table.attrs["families"] = [family for *_, family, _ in rows]
     return table
+
+
+def setting_of(doc: dict) -> dict:
+    """What made a metrics.json's row (evaluate's ``setting``; {} when it records none)."""
+    return doc.get("setting") or {}
 
 
 def training_of(doc: dict) -> tuple[str, str]:
@@ -94,6 +125,8 @@ def read_metrics_doc(path: str | Path) -> dict:
         if value is not None and not _is_number(value):
             raise CapstackError(f"{where(path, f'metrics.{name}')}: must be a number or null, "
                                 f"got {value!r}")
+    if not isinstance(doc.get("setting", {}), dict):
+        raise CapstackError(f"{where(path, 'setting')}: must be an object (what made the row)")
     unavailable = doc.get("unavailable", {})
     if not isinstance(unavailable, dict) or not all(
             isinstance(v, str) for v in unavailable.values()):
@@ -167,16 +200,24 @@ def markdown(table: pd.DataFrame, notes: list[str]) -> str:
 
 
 def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
-    """Write out_dir/metrics.csv and out_dir/metrics.md (atomically) from metrics.json files."""
+    """Write out_dir/metrics.csv, metrics.md and report.json (atomically) from metrics.json
+    files."""
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
     docs = [read_metrics_doc(p) for p in metric_files]
-    table = metrics_table([(d["approach"], d["metrics"], *training_of(d)) for d in docs])
+    table = metrics_table([(d["approach"], d["metrics"], *training_of(d), setting_of(d))
+                           for d in docs])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"
     with atomic_file(csv_path) as tmp:
         table.to_csv(tmp, index=False)
+    write_json(out_dir / "report.json", {
+        "columns": list(table.columns), "rows": table.to_dict(orient="records"),
+        "evaluations": [{"file": str(p), "approach": d["approach"],
+                         "training": training_of(d)[0], "family": training_of(d)[1],
+                         "setting": setting_of(d), "metrics": d["metrics"]}
+                        for p, d in zip(metric_files, docs)]})
     with atomic_file(md_path) as tmp:
         Path(tmp).write_text(markdown(table, _unavailable_lines(docs) + _kept_start_lines(docs)),
                              encoding="utf-8")

@@ -1,0 +1,75 @@
+"""The report says what it compares: a column for each recorded setting that varies."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from trainer.config import load_experiment
+from trainer.evaluation import report as R
+from trainer.evaluation.evaluate import evaluate_checkpoint
+from trainer.train import train
+from trainer_fixtures import prepared_with_grid, write_experiment
+
+SCORES = {"BLEU-1": 0.5, "BLEU-2": 0.4, "BLEU-3": 0.3, "BLEU-4": 0.2, "METEOR": 0.2,
+          "ROUGE-L": 0.4, "CIDEr": 0.6, "SPICE": None}
+
+
+def setting(**changed) -> dict:
+    return {"run": "runs/a", "decoder": "top_down", "objective": "xe", "reward": "",
+            "features": "regions", "seed": 0, "beam": 5, "max_len": 16, "split": "test",
+            "max_refs": 0, **changed}
+
+
+def test_only_the_settings_that_vary_are_columns_in_their_order():
+    table = R.metrics_table([("a", SCORES, "XE", "cross-entropy", setting()),
+                             ("a", SCORES, "XE", "cross-entropy", setting(beam=1, seed=2))])
+    assert list(table.columns)[:4] == ["Approach", "Training", "seed", "beam"]
+    assert list(table["beam"]) == ["5", "1"]
+
+
+def test_the_run_is_a_column_only_when_rows_would_read_the_same():
+    rows = [("a", SCORES, "XE", "cross-entropy", setting(run="runs/a")),
+            ("a", SCORES, "XE", "cross-entropy", setting(run="runs/b"))]
+    assert list(R.metrics_table(rows).columns)[:3] == ["Approach", "Training", "run"]
+    rows[1] = ("b", SCORES, "XE", "cross-entropy", setting(run="runs/b"))
+    assert "run" not in R.metrics_table(rows).columns  # the approach tells them apart
+
+
+def test_rows_without_a_recorded_setting_still_report():
+    table = R.metrics_table([("a", SCORES), ("b", SCORES, "SCST", "reinforcement")])
+    assert list(table.columns)[:3] == ["Approach", "Training", "B@1"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("beams")
+    prepared, grid = prepared_with_grid(root)
+    experiment = write_experiment(root / "exp.yaml", decoder="show_tell", captions=prepared,
+                                  features=[grid], epochs=1)
+    train(load_experiment(experiment), root / "run", progress=False)
+    return root
+
+
+def test_one_checkpoint_at_two_beams_gives_two_rows_told_apart(checkpoint, tmp_path):
+    for beam in (5, 1):
+        evaluate_checkpoint(checkpoint / "run", tmp_path / f"beam{beam}", beam_size=beam,
+                            figures=0, spice=False)
+    doc = json.loads((tmp_path / "beam5" / "metrics.json").read_text())
+    assert doc["setting"] == {"run": str(checkpoint / "run"), "decoder": "show_tell",
+                              "objective": "xe", "reward": "", "features": "grid", "seed": 0,
+                              "beam": 5, "max_len": 16, "split": "test", "max_refs": 0}
+    R.write_report([tmp_path / "beam5" / "metrics.json", tmp_path / "beam1" / "metrics.json"],
+                   tmp_path / "report")
+    csv = pd.read_csv(tmp_path / "report" / "metrics.csv")
+    assert list(csv.columns)[:3] == ["Approach", "Training", "beam"]
+    assert list(csv["beam"]) == [5, 1]
+    md = (tmp_path / "report" / "metrics.md").read_text().splitlines()
+    assert md[0].startswith("| Approach | Training | beam | B@1 |")
+    assert len(set(md[2:4])) == 2  # the two rows read differently
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert written["columns"] == list(csv.columns)
+    assert [e["setting"]["beam"] for e in written["evaluations"]] == [5, 1]
+    assert [r["beam"] for r in written["rows"]] == ["5", "1"]
