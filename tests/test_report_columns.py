@@ -73,3 +73,22 @@ def test_one_checkpoint_at_two_beams_gives_two_rows_told_apart(checkpoint, tmp_p
     assert written["columns"] == list(csv.columns)
     assert [e["setting"]["beam"] for e in written["evaluations"]] == [5, 1]
     assert [r["beam"] for r in written["rows"]] == ["5", "1"]
+
+
+def test_runs_over_seeds_are_one_row_of_mean_and_std_with_n():
+    a = [("a", {**SCORES, "CIDEr": c}, "XE", "cross-entropy", setting(seed=s, run=f"runs/a{s}"))
+         for s, c in ((0, 0.60), (1, 0.64), (2, 0.68))]
+    b = ("b", SCORES, "XE", "cross-entropy", setting(decoder="show_tell", run="runs/b"))
+    table = R.metrics_table([*a, b])
+    assert list(table.columns)[:5] == ["Approach", "Training", "decoder", "seed", "n"]
+    first = table.iloc[0]
+    assert (first["Approach"], first["seed"], first["n"]) == ("a", "0,1,2", 3)
+    assert first["CIDEr"] == "64.0 ± 4.0" and first["B@1"] == "50.0 ± 0.0"
+    assert (table.iloc[1]["n"], table.iloc[1]["CIDEr"]) == (1, 60.0)
+
+
+def test_the_same_seed_twice_stays_two_rows():
+    rows = [("a", SCORES, "XE", "cross-entropy", setting(run="runs/x")),
+            ("a", SCORES, "XE", "cross-entropy", setting(run="runs/y"))]
+    table = R.metrics_table(rows)
+    assert len(table) == 2 and "n" not in table.columns and "run" in table.columns

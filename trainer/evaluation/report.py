@@ -78,23 +78,63 @@ def metrics_table(rows: list[tuple]) -> pd.DataFrame:
     """One row per (approach, score()["metrics"][, training[, family[, setting]]]); columns
     exactly :func:`columns` of the settings that vary (:func:`varying`).
 
+    Rows that differ only in their seed (and run) are one row over the seeds
+    (:func:`over_seeds`): each metric's mean ± standard deviation, and ``n``, a column then.
     Rows are ordered block by block (cross-entropy, then reinforcement, ...), in the given
     order within a block; ``table.attrs["families"]`` holds each row's family. Approach and
     training labels are put on one line (:func:`one_line`).
     """
-    shown = table_columns()
     defaults: list[Any] = ["", "", {}]  # training, family, setting
-    rows = sorted([(approach, metrics, *rest, *defaults[len(rest):])
-                   for approach, metrics, *rest in rows], key=lambda r: _block_order(r[3]))
+    rows = over_seeds([(approach, [metrics], *rest, *defaults[len(rest):])
+                       for approach, metrics, *rest in rows])
+    rows = sorted(rows, key=lambda r: _block_order(r[3]))
     settings = varying([setting for *_, setting in rows],
                        [(one_line(r[0]), one_line(r[2])) for r in rows])
+    counted = any(len(runs) > 1 for _, runs, *_ in rows)
     table = pd.DataFrame([[one_line(approach), one_line(training),
                            *[one_line(setting.get(k, "")) for k in settings],
-                           *[_percent(metrics.get(value)) for _, value in shown]]
-                          for approach, metrics, training, _, setting in rows],
-                         columns=columns(settings), dtype=object)
+                           *([len(runs)] if counted else []),
+                           *[_over(runs, value) for _, value in table_columns()]]
+                          for approach, runs, training, _, setting in rows],
+                         columns=columns([*settings, *(["n"] if counted else [])]),
+                         dtype=object)
     table.attrs["families"] = [family for *_, family, _ in rows]
     return table
+
+
+SEED_KEYS = ("seed", "run")  # what differs between the runs of one experiment over seeds
+
+
+def over_seeds(rows: list[tuple]) -> list[tuple]:
+    """(approach, [metrics, ...], training, family, setting) rows that differ only in their
+    seed and run, merged into one whose metrics list holds each seed's, its setting's
+    ``seed`` and ``run`` listing them; the first row's place is the merged row's."""
+    merged: dict[tuple, tuple] = {}
+    for approach, runs, training, family, setting in rows:
+        key = (approach, training, family,
+               tuple(sorted((k, str(v)) for k, v in setting.items() if k not in SEED_KEYS)))
+        seeds = setting.get("seed") is not None and key in merged and str(setting["seed"]) \
+            not in str(merged[key][4].get("seed", "")).split(",")
+        if seeds:
+            kept = merged[key]
+            joined = {k: f"{kept[4].get(k, '')},{setting.get(k, '')}" for k in SEED_KEYS}
+            merged[key] = (approach, kept[1] + runs, training, family, {**kept[4], **joined})
+        else:
+            merged[key if key not in merged else (*key, len(merged))] = \
+                (approach, runs, training, family, setting)
+    return list(merged.values())
+
+
+def _over(runs: list[dict], value: str) -> float | str:
+    """A metric's cell: its percent, or over seeds ``mean ± std`` (std of the seeds, n - 1)."""
+    if len(runs) == 1:
+        return _percent(runs[0].get(value))
+    if any(_percent(r.get(value)) == NA for r in runs):
+        return NA
+    numbers = [100 * float(r[value]) for r in runs]
+    mean = sum(numbers) / len(numbers)
+    std = math.sqrt(sum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1))
+    return f"{mean:.1f} ± {std:.1f}"
 
 
 def setting_of(doc: dict) -> dict:
