@@ -32,6 +32,7 @@ LABEL_COLUMNS = ["Approach", "Training"]
 SETTING_COLUMNS = ("decoder", "reward", "features", "seed", "beam", "max_len", "split",
                    "max_refs")
 NA = "n/a"
+NONE = "-"  # a setting a row has none of (no reward: cross-entropy)
 FAMILIES = {"cross-entropy": "Cross-entropy training",  # an objective's family -> its block
             "reinforcement": "Reinforcement with CIDEr-D rewards",
             "": "Training not recorded"}
@@ -92,7 +93,7 @@ def metrics_table(rows: list[tuple]) -> pd.DataFrame:
                        [(one_line(r[0]), one_line(r[2])) for r in rows])
     counted = any(len(runs) > 1 for _, runs, *_ in rows)
     table = pd.DataFrame([[one_line(approach), one_line(training),
-                           *[one_line(setting.get(k, "")) for k in settings],
+                           *[one_line(setting.get(k, "")) or NONE for k in settings],
                            *([len(runs)] if counted else []),
                            *[_over(runs, value) for _, value in table_columns()]]
                           for approach, runs, training, _, setting in rows],
