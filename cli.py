@@ -811,7 +811,11 @@ def cider_cache_cmd(prepared, split, out):
               help="--compare: bootstrap resamples.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1),
               help="--compare: the resamples' seed (the same seed, the same result).")
-def report_cmd(metrics, out_dir, compare, resamples, seed):
+@click.option("--versus-xe", is_flag=True,
+              help="A column for every row not trained by cross-entropy: its CIDEr minus that "
+                   "of the XE row of the same approach, features and seeds, with the 95% "
+                   "interval of the paired bootstrap over the images.")
+def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe):
     """One table of every evaluated experiment (metrics.json files or their folders), in %;
     with --compare A B, whether A's difference from B is real on these images."""
     if not metrics and not compare:
@@ -820,7 +824,7 @@ def report_cmd(metrics, out_dir, compare, resamples, seed):
         from trainer.evaluation.report import write_report
 
         files = [m / "metrics.json" if m.is_dir() else m for m in metrics]
-        csv_path, md_path = write_report(files, out_dir)
+        csv_path, md_path = write_report(files, out_dir, versus_xe)
         click.echo(md_path.read_text().rstrip())
         click.echo(f"-> {csv_path}, {md_path}")
     if compare:

@@ -149,3 +149,28 @@ def test_report_compare_refuses_other_images_and_a_folder_without_statistics(tmp
                                          "--out", str(tmp_path / "r")])
     assert done.exit_code == 1 and "image_statistics.json: not found: evaluate again" in \
         done.output
+
+
+def test_report_versus_xe_marks_whether_each_rl_row_beats_its_xe_row(tmp_path):
+    rows = {}
+    for name, candidates, training, family in (("xe", POOR, "XE", "cross-entropy"),
+                                               ("rl", GOOD, "SCST", "reinforcement")):
+        folder = evaluation(tmp_path, name, candidates)
+        doc = json.loads((folder / "metrics.json").read_text())
+        doc.update(approach="sys", training=training, family=family,
+                   setting={"decoder": "top_down", "features": "regions", "seed": 0})
+        (folder / "metrics.json").write_text(json.dumps(doc))
+        rows[name] = folder
+    done = CliRunner().invoke(cli.main, ["report", str(rows["xe"]), str(rows["rl"]),
+                                         "--versus-xe", "--out", str(tmp_path / "rep")],
+                              catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    table = json.loads((tmp_path / "rep" / "report.json").read_text())
+    cells = {r["Training"]: r["CIDEr vs XE (95%)"] for r in table["rows"]}
+    assert cells["XE"] == "-"
+    difference, interval = cells["SCST"].split(" ", 1)
+    low, high = (float(x) for x in interval.strip("[]").split(", "))
+    good = json.loads((rows["rl"] / "metrics.json").read_text())["metrics"]["CIDEr"]
+    poor = json.loads((rows["xe"] / "metrics.json").read_text())["metrics"]["CIDEr"]
+    assert float(difference) == pytest.approx(100 * (good - poor), abs=0.05)
+    assert 0 < low < float(difference) < high

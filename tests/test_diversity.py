@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from trainer.evaluation import report as R
+from trainer.evaluation.evaluations import load_metrics_file
 from trainer.scoring.metrics.diversity import distinct_n, diversity, ngrams
 
 # 4 captions: one repeated, one empty (a beam can end at once)
@@ -60,7 +61,7 @@ def test_report_keeps_its_columns_with_diversity_in_metrics_json(tmp_path):
                                 "metrics": metrics, "unavailable": {"SPICE": "java not found"},
                                 "tokenizer": "simple", "images": 4, "epoch": 2,
                                 "diversity": diversity(CAPTIONS)}))
-    assert R.load_metrics_file(path) == ("hacap", metrics)
+    assert load_metrics_file(path) == ("hacap", metrics)
     csv_path, md_path = R.write_report([path], tmp_path / "out")
     frame = pd.read_csv(csv_path, keep_default_na=False)
     assert list(frame.columns) == R.columns()

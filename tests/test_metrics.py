@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.core.errors import CapstackError
 from trainer.evaluation import report as R
+from trainer.evaluation.evaluations import load_metrics_file
 from trainer.scoring import metrics as M
 from trainer.scoring import references as Refs
 from trainer.scoring import text as T
@@ -392,14 +393,14 @@ def test_report_has_an_xe_block_and_an_rl_block(tmp_path):
 
 def test_load_metrics_file(tmp_path):
     path = _metrics_json(tmp_path / "m.json", "Up-Down", SCORED, {})
-    assert R.load_metrics_file(path) == ("Up-Down", SCORED)
+    assert load_metrics_file(path) == ("Up-Down", SCORED)
     bad = _write(tmp_path / "bad.json", {"metrics": SCORED})
     with pytest.raises(CapstackError, match="approach") as err:
-        R.load_metrics_file(bad)
+        load_metrics_file(bad)
     assert str(bad) in str(err.value)
     worse = _write(tmp_path / "worse.json", {"approach": "x", "metrics": {"CIDEr": "high"}})
     with pytest.raises(CapstackError, match="CIDEr"):
-        R.load_metrics_file(worse)
+        load_metrics_file(worse)
 
 
 def test_write_report_real_scores(tmp_path, perfect):

@@ -9,72 +9,32 @@ resamples in which A is ahead, in percent as the report's table shows values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.atomic import atomic_file
-from pipeline.core.errors import CapstackError, where
-from pipeline.core.jsonfile import read_json, write_json
-from trainer.evaluation.report import read_metrics_doc, training_of
+from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import write_json
+from trainer.evaluation.evaluations import Evaluation, aligned, read_evaluation
 from trainer.scoring.bootstrap import CONFIDENCE, RESAMPLES, Difference, paired_bootstrap
-from trainer.scoring.metrics import METRICS, STATISTICS_FILE, metrics
+from trainer.scoring.metrics import METRICS, metrics
 
 
-@dataclass
-class Evaluation:
-    """One evaluation folder: what it is called, and its images' statistics per metric."""
-
-    folder: Path
-    label: str  # approach (training)
-    image_ids: list[int]
-    statistics: dict[str, np.ndarray]  # metric name -> [images, k]
-
-
-def read_evaluation(path: str | Path) -> Evaluation:
-    """An evaluation folder (or its metrics.json), with its image statistics, checked."""
-    folder = Path(path)
-    folder = folder.parent if folder.name == "metrics.json" else folder
-    doc = read_metrics_doc(folder / "metrics.json")
-    stats_path = folder / STATISTICS_FILE
-    if not stats_path.is_file():
-        raise CapstackError(f"{stats_path}: not found: evaluate again (`capstack evaluate`) to "
-                            f"write each image's statistics, which the comparison resamples")
-    data = read_json(stats_path, "image statistics")
-    ids = data.get("image_ids") if isinstance(data, dict) else None
-    per_metric = data.get("metrics") if isinstance(data, dict) else None
-    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) \
-            or not isinstance(per_metric, dict):
-        raise CapstackError(f"{where(stats_path)}: expected image_ids (a list of integers) and "
-                            f"metrics (per-image rows by metric)")
-    statistics = {}
-    for name, rows in per_metric.items():
-        array = np.asarray(rows, dtype=np.float64)
-        if array.ndim != 2 or len(array) != len(ids) or not np.isfinite(array).all():
-            raise CapstackError(f"{where(stats_path, f'metrics.{name}')}: expected one row "
-                                f"of finite numbers per image ({len(ids)} images)")
-        statistics[name] = array
-    training, _ = training_of(doc)
-    label = f"{doc['approach']} ({training})" if training else doc["approach"]
-    return Evaluation(folder, label, ids, statistics)
-
-
-def aligned(a: Evaluation, b: Evaluation, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Both evaluations' statistics of metric ``name``, B's rows in A's image order."""
-    row_of = {image_id: row for row, image_id in enumerate(b.image_ids)}
-    return a.statistics[name], b.statistics[name][[row_of[i] for i in a.image_ids]]
-
-
-def compare(a: Evaluation, b: Evaluation, *, resamples: int = RESAMPLES, seed: int = 0,
-            confidence: float = CONFIDENCE) -> list[Difference]:
-    """The paired bootstrap of every value both have statistics of, in the table's order."""
+def compare_images(a: Evaluation, b: Evaluation) -> None:
+    """Refuse two evaluations of other images, naming a few of those only one has."""
     if set(a.image_ids) != set(b.image_ids) or len(a.image_ids) != len(b.image_ids):
         only_a = sorted(set(a.image_ids) - set(b.image_ids))[:3]
         only_b = sorted(set(b.image_ids) - set(a.image_ids))[:3]
         raise CapstackError(f"{a.folder} and {b.folder}: not the same images (only in the "
                             f"first: {only_a}, only in the second: {only_b}); compare "
                             f"evaluations of one split")
+
+
+def compare(a: Evaluation, b: Evaluation, *, resamples: int = RESAMPLES, seed: int = 0,
+            confidence: float = CONFIDENCE) -> list[Difference]:
+    """The paired bootstrap of every value both have statistics of, in the table's order."""
+    compare_images(a, b)
     shared = [name for name, _ in metrics() if name in a.statistics and name in b.statistics]
     if not shared:
         raise CapstackError(f"{a.folder} and {b.folder}: no metric with per-image statistics "
@@ -82,6 +42,22 @@ def compare(a: Evaluation, b: Evaluation, *, resamples: int = RESAMPLES, seed: i
     return [d for name in shared for d in paired_bootstrap(
         METRICS.get(name)(), *aligned(a, b, name), resamples=resamples, seed=seed,
         confidence=confidence)]
+
+
+def difference_over(a_folders: list[str], b_folders: list[str], value: str, *,
+                    resamples: int = RESAMPLES, seed: int = 0) -> Difference:
+    """``value``'s paired bootstrap of evaluations A against B over several pairs of folders
+    (one pair per seed, in order): each pair's images, all of them resampled together."""
+    if len(a_folders) != len(b_folders):
+        raise CapstackError(f"{a_folders} and {b_folders}: not one B evaluation per A one")
+    name = next(n for n, m in metrics() if value in m.values)
+    pairs = [(read_evaluation(a), read_evaluation(b)) for a, b in zip(a_folders, b_folders)]
+    for a, b in pairs:
+        compare_images(a, b)
+    a_rows, b_rows = zip(*(aligned(a, b, name) for a, b in pairs))
+    found = paired_bootstrap(METRICS.get(name)(), np.vstack(a_rows), np.vstack(b_rows),
+                             resamples=resamples, seed=seed)
+    return next(d for d in found if d.value == value)
 
 
 def markdown(a: Evaluation, b: Evaluation, differences: list[Difference]) -> str:

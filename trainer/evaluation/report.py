@@ -16,15 +16,17 @@ markdown, CSV and JSON.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError, where
-from pipeline.core.jsonfile import read_json, write_json
+from pipeline.core.jsonfile import write_json
+from trainer.evaluation.compare import difference_over
+from trainer.evaluation.evaluations import read_metrics_doc, setting_of, training_of
 from trainer.scoring.metrics import table_columns
 
 LABEL_COLUMNS = ["Approach", "Training"]
@@ -75,7 +77,7 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def metrics_table(rows: list[tuple]) -> pd.DataFrame:
+def metrics_table(rows: list[tuple], versus_xe: bool = False) -> pd.DataFrame:
     """One row per (approach, score()["metrics"][, training[, family[, setting]]]); columns
     exactly :func:`columns` of the settings that vary (:func:`varying`).
 
@@ -84,6 +86,11 @@ def metrics_table(rows: list[tuple]) -> pd.DataFrame:
     Rows are ordered block by block (cross-entropy, then reinforcement, ...), in the given
     order within a block; ``table.attrs["families"]`` holds each row's family. Approach and
     training labels are put on one line (:func:`one_line`).
+
+    ``versus_xe``: a column :data:`VERSUS_XE` for every row trained otherwise than by
+    cross-entropy: its CIDEr minus that of the cross-entropy row of the same approach, decoder,
+    features and seeds, with the 95 % interval of the paired bootstrap over the images (each
+    seed's images, over seeds), from the evaluation folders the settings name.
     """
     defaults: list[Any] = ["", "", {}]  # training, family, setting
     rows = over_seeds([(approach, [metrics], *rest, *defaults[len(rest):])
@@ -92,18 +99,42 @@ def metrics_table(rows: list[tuple]) -> pd.DataFrame:
     settings = varying([setting for *_, setting in rows],
                        [(one_line(r[0]), one_line(r[2])) for r in rows])
     counted = any(len(runs) > 1 for _, runs, *_ in rows)
+    versus = versus_column(rows) if versus_xe else None
     table = pd.DataFrame([[one_line(approach), one_line(training),
                            *[one_line(setting.get(k, "")) or NONE for k in settings],
                            *([len(runs)] if counted else []),
+                           *([versus[k]] if versus else []),
                            *[_over(runs, value) for _, value in table_columns()]]
-                          for approach, runs, training, _, setting in rows],
-                         columns=columns([*settings, *(["n"] if counted else [])]),
+                          for k, (approach, runs, training, _, setting) in enumerate(rows)],
+                         columns=columns([*settings, *(["n"] if counted else []),
+                                          *([VERSUS_XE] if versus else [])]),
                          dtype=object)
     table.attrs["families"] = [family for *_, family, _ in rows]
     return table
 
 
-SEED_KEYS = ("seed", "run")  # what differs between the runs of one experiment over seeds
+# what differs between the runs of one experiment over seeds (and the evaluation folder)
+SEED_KEYS = ("seed", "run", "evaluation")
+VERSUS_XE = "CIDEr vs XE (95%)"
+PARTNER_KEYS = ("decoder", "features", "seed")  # what an XE row shares with the rows after it
+
+
+def versus_column(rows: list[tuple]) -> list[str]:
+    """:data:`VERSUS_XE`'s cells: ``-`` for cross-entropy rows, ``n/a`` without a partner."""
+    cells = []
+    for approach, _, _, family, setting in rows:
+        if family in ("cross-entropy", ""):
+            cells.append(NONE)
+            continue
+        partner = next((s for a, _, _, f, s in rows if a == approach and f == "cross-entropy"
+                        and all(str(s.get(k)) == str(setting.get(k)) for k in PARTNER_KEYS)),
+                       None)
+        if partner is None or not setting.get("evaluation") or not partner.get("evaluation"):
+            cells.append(NA)
+            continue
+        d = difference_over(_by_seed(setting), _by_seed(partner), "CIDEr")
+        cells.append(f"{100 * d.difference:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]")
+    return cells
 
 
 def over_seeds(rows: list[tuple]) -> list[tuple]:
@@ -136,49 +167,6 @@ def _over(runs: list[dict], value: str) -> float | str:
     mean = sum(numbers) / len(numbers)
     std = math.sqrt(sum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1))
     return f"{mean:.1f} ± {std:.1f}"
-
-
-def setting_of(doc: dict) -> dict:
-    """What made a metrics.json's row (evaluate's ``setting``; {} when it records none)."""
-    return doc.get("setting") or {}
-
-
-def training_of(doc: dict) -> tuple[str, str]:
-    """(label, family) of a metrics.json's objective, as evaluate recorded them ("" if not)."""
-    return str(doc.get("training") or ""), str(doc.get("family") or "")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def read_metrics_doc(path: str | Path) -> dict:
-    """The whole metrics.json written by evaluate, checked."""
-    doc = read_json(path, "metrics file")
-    if not isinstance(doc, dict):
-        raise CapstackError(f"{where(path)}: expected a JSON object")
-    if not isinstance(doc.get("approach"), str) or not doc["approach"]:
-        raise CapstackError(f"{where(path, 'approach')}: missing or not a non-empty string")
-    metrics = doc.get("metrics")
-    if not isinstance(metrics, dict):
-        raise CapstackError(f"{where(path, 'metrics')}: missing or not an object")
-    for name, value in metrics.items():
-        if value is not None and not _is_number(value):
-            raise CapstackError(f"{where(path, f'metrics.{name}')}: must be a number or null, "
-                                f"got {value!r}")
-    if not isinstance(doc.get("setting", {}), dict):
-        raise CapstackError(f"{where(path, 'setting')}: must be an object (what made the row)")
-    unavailable = doc.get("unavailable", {})
-    if not isinstance(unavailable, dict) or not all(
-            isinstance(v, str) for v in unavailable.values()):
-        raise CapstackError(f"{where(path, 'unavailable')}: must map metric names to reasons")
-    return doc
-
-
-def load_metrics_file(path: str | Path) -> tuple[str, dict]:
-    """(approach, its "metrics" dict) from an evaluate metrics.json; ready for metrics_table."""
-    doc = read_metrics_doc(path)
-    return doc["approach"], doc["metrics"]
 
 
 def _unavailable_lines(docs: list[dict]) -> list[str]:
@@ -240,14 +228,24 @@ def markdown(table: pd.DataFrame, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(metric_files: list[Path], out_dir: Path) -> tuple[Path, Path]:
+def _by_seed(setting: dict) -> list[str]:
+    """A row's evaluation folders in the order of their seeds (one per seed over seeds)."""
+    folders = str(setting["evaluation"]).split(",")
+    seeds = str(setting.get("seed", "")).split(",")
+    return [f for _, f in sorted(zip(seeds, folders))] if len(seeds) == len(folders) \
+        else folders
+
+
+def write_report(metric_files: list[Path], out_dir: Path,
+                 versus_xe: bool = False) -> tuple[Path, Path]:
     """Write out_dir/metrics.csv, metrics.md and report.json (atomically) from metrics.json
-    files."""
+    files (``versus_xe``: :func:`metrics_table`'s)."""
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
     docs = [read_metrics_doc(p) for p in metric_files]
-    table = metrics_table([(d["approach"], d["metrics"], *training_of(d), setting_of(d))
-                           for d in docs])
+    table = metrics_table([(d["approach"], d["metrics"], *training_of(d),
+                            {**setting_of(d), "evaluation": str(Path(p).parent)})
+                           for p, d in zip(metric_files, docs)], versus_xe)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"
