@@ -117,6 +117,7 @@ def evaluation(tmp_path, name: str, candidates: dict[int, str]):
     return out
 
 
+@pytest.mark.slow  # evaluations scored with Java (PTB, METEOR)
 def test_report_compare_says_which_differences_are_real(tmp_path):
     good, poor = evaluation(tmp_path, "good", GOOD), evaluation(tmp_path, "poor", POOR)
     statistics = json.loads((good / "image_statistics.json").read_text())
@@ -138,6 +139,7 @@ def test_report_compare_says_which_differences_are_real(tmp_path):
     assert (tmp_path / "reports" / "compare.md").read_text() in done.output + "\n"
 
 
+@pytest.mark.slow  # evaluations scored with Java (PTB, METEOR)
 def test_report_compare_refuses_other_images_and_a_folder_without_statistics(tmp_path):
     good = evaluation(tmp_path, "good", GOOD)
     fewer = evaluation(tmp_path, "fewer", {k: v for k, v in POOR.items() if k != 6})
@@ -151,6 +153,7 @@ def test_report_compare_refuses_other_images_and_a_folder_without_statistics(tmp
         done.output
 
 
+@pytest.mark.slow  # evaluations scored with Java (PTB, METEOR)
 def test_report_versus_xe_marks_whether_each_rl_row_beats_its_xe_row(tmp_path):
     rows = {}
     for name, candidates, training, family in (("xe", POOR, "XE", "cross-entropy"),

@@ -73,6 +73,7 @@ def trained_copy(tmp_path_factory):
     return script, work
 
 
+@pytest.mark.slow  # a copy of capstack, a real training stage, a capstack process per status
 def test_the_copy_runs_its_own_code(trained_copy):
     script, work = trained_copy
     lock = (work / "stages.lock").read_text()
@@ -80,6 +81,7 @@ def test_the_copy_runs_its_own_code(trained_copy):
     assert str(REPO) not in lock
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relative, before, after", EDITS, ids=[e[0] for e in EDITS])
 def test_editing_a_plug_in_turns_the_stage_stale_and_names_it(trained_copy, relative, before,
                                                                after):
@@ -97,6 +99,7 @@ def test_editing_a_plug_in_turns_the_stage_stale_and_names_it(trained_copy, rela
     assert train_status(script, work) == ("up to date", [])
 
 
+@pytest.mark.slow
 def test_comments_and_docstrings_leave_the_stage_up_to_date(trained_copy):
     script, work = trained_copy
     path = script.parent / "trainer/decoders/top_down.py"

@@ -53,6 +53,7 @@ def run(script, cwd, *args):
     return done.stdout
 
 
+@pytest.mark.slow  # three capstack processes: train, evaluate (Java), report
 def test_a_metric_file_is_trained_on_scored_and_reported(copy_with_metric):
     script, root = copy_with_metric
     prepared, grid = prepared_with_grid(root / "data")

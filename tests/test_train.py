@@ -262,9 +262,10 @@ def test_evaluate_and_report_through_the_cli(data, tmp_path, capstack):
     assert (runs["soft_attention"] / "curves.png").is_file()
     capstack("report", runs["soft_attention"], runs["top_down"], "--out", tmp_path / "reports")
     table = pd.read_csv(tmp_path / "reports" / "metrics.csv", keep_default_na=False)
-    assert list(table.columns) == ["Approach", "Training", "B@1", "B@2", "B@3", "B@4", "METEOR",
-                                   "ROUGE-L", "CIDEr", "SPICE"]
+    assert list(table.columns) == ["Approach", "Training", "decoder", "features", "B@1", "B@2",
+                                   "B@3", "B@4", "METEOR", "ROUGE-L", "CIDEr", "SPICE"]
     assert table["Approach"].tolist() == ["soft_attention", "top_down"]
+    assert table["features"].tolist() == ["grid", "regions"]  # what differs between the rows
     assert table["Training"].tolist() == ["XE", "XE"]  # evaluate records the objective
     assert (table["SPICE"] == "n/a").all()
     scored = capstack("evaluate", runs["top_down"] / "results_test.json", "--refs",
