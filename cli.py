@@ -946,21 +946,42 @@ def outs_outside_option(func):
                              "refused otherwise.")(func)
 
 
+def _name_option(func):
+    return click.option("--name", "experiment", default=None, metavar="NAME",
+                        help="The named experiment (exps/NAME/): its own stages, the "
+                             "baseline's shared.")(func)
+
+
+def _in_experiment(pipeline, name: str | None):
+    """``pipeline`` as experiment ``name`` has it (``pipeline`` itself for no name)."""
+    if not name:
+        return pipeline
+    from pipeline.engine.experiments import ExperimentPipeline, read_experiment
+
+    return ExperimentPipeline(pipeline, read_experiment(pipeline.workdir, name))
+
+
 @main.command("stages")
 @_stages_options
+@_name_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def stages_cmd(stages_path, workdir, as_json):
-    """One line per stage: up to date, stale (and why), or never run."""
-    pipeline = _pipeline(stages_path, workdir)
+def stages_cmd(stages_path, workdir, experiment, as_json):
+    """One line per stage: up to date, stale (and why), or never run; with --name, as the
+    experiment has them (its own stages, and the baseline's it shares, said so)."""
+    pipeline = _in_experiment(_pipeline(stages_path, workdir), experiment)
     statuses, off = pipeline.statuses(), pipeline.file.off
+    own = getattr(pipeline, "own", None)
     if as_json:
-        listing = {n: {"state": s.state, "reasons": list(s.reasons)} for n, s in statuses.items()}
+        listing = {n: {"state": s.state, "reasons": list(s.reasons),
+                       **({} if own is None else {"own": n in own})}
+                   for n, s in statuses.items()}
         listing |= {n: {"state": "off", "reasons": [why]} for n, why in off.items()}
         click.echo(json.dumps(listing, indent=2))
         return
     width = max(len(n) for n in [*statuses, *off])
     for name, status in statuses.items():
-        click.echo(f"{name:<{width}}  {status.describe()}")
+        shared = "  (baseline's)" if own is not None and name not in own else ""
+        click.echo(f"{name:<{width}}  {status.describe()}{shared}")
     for name, why in off.items():
         click.echo(f"{name:<{width}}  off ({why})")
 
@@ -972,13 +993,111 @@ def stages_cmd(stages_path, workdir, as_json):
 @click.option("--with-deps", is_flag=True,
               help="First run the upstream stages that are not up to date.")
 @click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
-              help="Override a param of this stage for this run (repeatable).")
+              help="Run under an experiment with this param of the stage set (repeatable): "
+                   "its outs, and those of what depends on it, in exps/NAME/, the baseline's "
+                   "untouched. Named by the settings unless --name names it.")
+@click.option("--name", "experiment", default=None, metavar="NAME",
+              help="Run under experiment NAME (made with the --set settings when new; the "
+                   "same name again must have the same).")
+@click.option("--seeds", default=None, metavar="0,1,2",
+              help="Run once per seed (the stage's param 'seed'; 0-4 is 0,1,2,3,4): a seed "
+                   "other than the stage's own runs as experiment seedS (NAME-seedS).")
 @outs_outside_option
-def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, outs_outside_workdir):
-    """Run one STAGE, unless it is up to date."""
+def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, experiment, seeds,
+            outs_outside_workdir):
+    """Run one STAGE, unless it is up to date; with --set, --name or --seeds, as named
+    experiments beside the baseline (`capstack exp list`)."""
+    from pipeline.engine.experiments import ExperimentPipeline, parse_seeds, runs_asked
+
     pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
-    pipeline.run(stage, force=force, with_deps=with_deps, assignments=assignments,
-                 report=click.echo)
+    asked = runs_asked(pipeline, stage, assignments, experiment,
+                       parse_seeds(seeds) if seeds else ())
+    for run in asked:
+        where = pipeline if run is None else ExperimentPipeline(pipeline, run)
+        if len(asked) > 1 or run is not None:
+            click.echo(f"== {'baseline' if run is None else f'experiment {run.name}'} "
+                       f"({where.workdir})")
+        where.run(stage, force=force, with_deps=with_deps, report=click.echo)
+
+
+@main.group("exp")
+def exp_group():
+    """Named experiments (`capstack run STAGE --set K=V --name NAME`): list, show, diff,
+    remove."""
+
+
+def _experiments(stages_path: Path, workdir: Path, names=()):
+    from pipeline.engine.experiments import ExperimentPipeline, experiments, read_experiment
+
+    baseline = _pipeline(stages_path, workdir)
+    chosen = [read_experiment(baseline.workdir, n) for n in names] if names \
+        else experiments(baseline.workdir)
+    return baseline, [ExperimentPipeline(baseline, e) for e in chosen]
+
+
+def _echo_table(rows) -> None:
+    from pipeline.core.texttable import text_table
+
+    for line in text_table(rows):
+        click.echo(line)
+
+
+@exp_group.command("list")
+@_stages_options
+def exp_list_cmd(stages_path, workdir):
+    """Each experiment: its settings against the baseline's, the state of its own stages."""
+    from pipeline.engine.experiment_views import listing
+
+    baseline, pipelines = _experiments(stages_path, workdir)
+    if not pipelines:
+        click.echo(f"no experiments in {baseline.workdir} (make one: capstack run STAGE "
+                   f"--set NAME=VALUE --name NAME)")
+        return
+    _echo_table(listing(baseline, pipelines))
+
+
+@exp_group.command("show")
+@click.argument("names", nargs=-1)
+@_stages_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def exp_show_cmd(names, stages_path, workdir, as_json):
+    """The experiments' evaluations (all, or NAMES) beside the baseline's: the settings that
+    differ, each stage's state, the metrics (%)."""
+    from pipeline.engine.experiment_views import show
+
+    baseline, pipelines = _experiments(stages_path, workdir, names)
+    rows = show(baseline, pipelines)
+    if as_json:
+        click.echo(json.dumps([dict(zip(rows[0], row)) for row in rows[1:]], indent=2))
+    elif len(rows) == 1:
+        click.echo("no evaluation of an experiment's own yet (capstack run evaluate@... "
+                   "--name NAME --with-deps)")
+    else:
+        _echo_table(rows)
+
+
+@exp_group.command("diff")
+@click.argument("a")
+@click.argument("b", required=False)
+@_stages_options
+def exp_diff_cmd(a, b, stages_path, workdir):
+    """The params experiment A sets otherwise than B (default: the baseline), then the metrics
+    (%) of the evaluations both have that differ."""
+    from pipeline.engine.experiment_views import diff
+
+    baseline, pipelines = _experiments(stages_path, workdir, [a] + ([b] if b else []))
+    _echo_table(diff(baseline, pipelines[0], pipelines[1] if b else None))
+
+
+@exp_group.command("remove")
+@click.argument("names", nargs=-1, required=True)
+@_stages_options
+def exp_remove_cmd(names, stages_path, workdir):
+    """Remove experiments: their folders (own outs, lock, links), never the baseline's files."""
+    from pipeline.engine.experiments import remove_experiment
+
+    for name in names:
+        click.echo(f"removed {remove_experiment(workdir, name)}")
 
 
 @main.command("demo")

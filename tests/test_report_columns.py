@@ -58,7 +58,8 @@ def test_one_checkpoint_at_two_beams_gives_two_rows_told_apart(checkpoint, tmp_p
         evaluate_checkpoint(checkpoint / "run", tmp_path / f"beam{beam}", beam_size=beam,
                             figures=0, spice=False)
     doc = json.loads((tmp_path / "beam5" / "metrics.json").read_text())
-    assert doc["setting"] == {"run": str(checkpoint / "run"), "decoder": "show_tell",
+    assert doc["setting"] == {"experiment": "", "run": str(checkpoint / "run"),
+                              "decoder": "show_tell",
                               "objective": "xe", "reward": "", "features": "grid", "seed": 0,
                               "beam": 5, "max_len": 16, "split": "test", "max_refs": 0}
     R.write_report([tmp_path / "beam5" / "metrics.json", tmp_path / "beam1" / "metrics.json"],

@@ -145,11 +145,13 @@ def test_run_refuses_when_upstream_never_ran(project):
     assert not (project.workdir / "data").exists()
 
 
-def test_set_overrides_a_param_for_one_run(project):
+def test_set_runs_the_stage_as_an_experiment_beside_the_baseline(project):
     project.stage_cmd("demo")
     project.stage_cmd("run", "prepare", "--set", "min_count=1")
-    assert lock_entry(project, "prepare")["params"]["min_count"] == 1
-    assert reasons(project, "prepare") == ["param min_count 1 -> 2"]
+    assert lock_entry(project, "prepare")["params"]["min_count"] == 2
+    assert states(project) == {"shapes": "up to date", "prepare": "up to date"}
+    experiment = project.workdir / "exps" / "min_count-1" / "stages.lock"
+    assert yaml.safe_load(experiment.read_text())["stages"]["prepare"]["params"]["min_count"] == 1
 
 
 def test_outs_deleted_makes_stage_stale(project):

@@ -182,11 +182,13 @@ class StagesFile:
         assignments = list(assignments)
         if not assignments:
             return stage
+        return self.overridden(name, dict(parse_assignment(text, stage, self.path)
+                                          for text in assignments))
+
+    def overridden(self, name: str, overrides: Mapping[str, Any]) -> Stage:
+        """The stage ``name`` with its params ``overrides`` (typed values) applied."""
+        self.stage(name)
         template = self.templates[name]
-        overrides = {}
-        for text in assignments:
-            key, value = parse_assignment(text, stage, self.path)
-            overrides[key] = value
         if "key" in overrides and "key" in template.loop:
             raise CapstackError(f"--set key=...: stage '{name}' in {self.path} is the foreach "
                                 f"entry '{template.loop['key']}'; run another entry instead")
@@ -198,6 +200,24 @@ class StagesFile:
                                     if k not in template.params and k not in template.loop}}
         return _resolve(self.path, replace(template, loop=loop), shared, own, self.commands,
                         self.parallel)
+
+    def with_stages(self, changed: Mapping[str, Stage]) -> "StagesFile":
+        """This file with some stages replaced (each already resolved, e.g. ``overridden``),
+        its graph checked and ordered again."""
+        stages = {name: changed.get(name, stage) for name, stage in self.stages.items()}
+        _check_outs_disjoint(self.path, stages)
+        upstream = _upstream_of(stages)
+        return replace(self, stages=stages, upstream=upstream,
+                       order=_topological_order(self.path, stages, upstream))
+
+    def downstream_closure(self, names: Iterable[str]) -> list[str]:
+        """``names`` and every stage that depends on one of them, directly or not, in run
+        order."""
+        reached = set(names)
+        for name in self.order:
+            if any(u in reached for u in self.upstream[name]):
+                reached.add(name)
+        return [name for name in self.order if name in reached]
 
 
 # -- loading ---------------------------------------------------------------------------

@@ -222,9 +222,13 @@ class Pipeline:
                 reasons.append(f"{kind} {p} points to {target}, which is gone")
         return reasons
 
+    def _records(self) -> dict:
+        """The record of each stage's last run (the lock file's entries), by stage name."""
+        return self._read_lock()
+
     def statuses(self) -> dict[str, StageStatus]:
         """Every stage's status, in run order; a stage behind a stale one is stale too."""
-        records = self._read_lock()
+        records = self._records()
         result: dict[str, StageStatus] = {}
         for name in self.file.order:
             st = self.own_status(self.file.stage(name), records.get(name))
@@ -307,7 +311,8 @@ class Pipeline:
             raise CapstackError(f"stage '{stage.name}': dep {missing[0]} does not exist "
                                 f"(in {self.workdir})")
         code = self._code_digest(stage)
-        env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
+        env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}",
+               **self._stage_environment()}
         if stage.command:
             argv, executable = capstack_command(stage.argv), None
             if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
@@ -341,6 +346,11 @@ class Pipeline:
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "duration_s": round(time.time() - started, 3),
         })
+
+    def _stage_environment(self) -> dict[str, str]:
+        """Variables a stage's command gets beside the engine's own: the experiment it runs in
+        (``CAPSTACK_EXPERIMENT``, which evaluate records; empty for the baseline's stages)."""
+        return {"CAPSTACK_EXPERIMENT": ""}
 
     def _find_program(self, stage: Stage, env: Mapping[str, str]) -> str:
         """The absolute path of the program a stage starts: a path (one with a ``/``) from the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary, ExperimentConfig]:
 def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str) -> dict:
     """What made this row, for the report to tell rows apart (it shows those that vary): the
     run, its decoder, objective and reward, the features (their files' names), the seed, and
-    the decoding and scoring settings."""
+    the decoding and scoring settings; the named experiment whose stage ran it
+    (``CAPSTACK_EXPERIMENT``, set by the stage engine; empty for the baseline's)."""
     reward = getattr(config.objective.config, "reward", None)
-    return {"run": str(Path(checkpoint).parent), "decoder": config.decoder.name,
+    return {"experiment": os.environ.get("CAPSTACK_EXPERIMENT", ""),
+            "run": str(Path(checkpoint).parent), "decoder": config.decoder.name,
             "objective": config.objective.name, "reward": getattr(reward, "name", ""),
             "features": "+".join(Path(f).stem for f in config.data.features),
             "seed": config.train.seed, "beam": s.beam_size, "max_len": s.max_len,

@@ -6,9 +6,10 @@ several families make one block each, as in Stack-Cap's Tables 1 and 2:
 cross-entropy first, then reinforcement. The report reads metrics.json files
 only; it knows no objective.
 
-Rows say what differs between them: of the settings evaluate records (``setting``: the
-decoder, the reward, the features, the seed, the beam, the decoding length, the split, the
-references scored against), each that varies across the rows is a column after Training;
+Rows say what differs between them: of the settings evaluate records (``setting``: the named
+experiment whose stage ran it, the decoder, the reward, the features, the seed, the beam, the
+decoding length, the split, the references scored against), each that varies across the rows
+is a column after Training;
 the run's folder too when rows would otherwise read the same. The table is written as
 markdown, CSV and JSON.
 """
@@ -31,10 +32,11 @@ from trainer.scoring.metrics import table_columns
 
 LABEL_COLUMNS = ["Approach", "Training"]
 # the settings a column shows when they vary across the rows (metrics.json's "setting"), in order
-SETTING_COLUMNS = ("decoder", "reward", "features", "seed", "beam", "max_len", "split",
-                   "max_refs")
+SETTING_COLUMNS = ("experiment", "decoder", "reward", "features", "seed", "beam", "max_len",
+                   "split", "max_refs")
 NA = "n/a"
 NONE = "-"  # a setting a row has none of (no reward: cross-entropy)
+EMPTY = {"experiment": "baseline"}  # what an empty setting reads as, where not NONE
 FAMILIES = {"cross-entropy": "Cross-entropy training",  # an objective's family -> its block
             "reinforcement": "Reinforcement with CIDEr-D rewards",
             "": "Training not recorded"}
@@ -101,7 +103,7 @@ def metrics_table(rows: list[tuple], versus_xe: bool = False) -> pd.DataFrame:
     counted = any(len(runs) > 1 for _, runs, *_ in rows)
     versus = versus_column(rows) if versus_xe else None
     table = pd.DataFrame([[one_line(approach), one_line(training),
-                           *[one_line(setting.get(k, "")) or NONE for k in settings],
+                           *[one_line(setting.get(k, "")) or EMPTY.get(k, NONE) for k in settings],
                            *([len(runs)] if counted else []),
                            *([versus[k]] if versus else []),
                            *[_over(runs, value) for _, value in table_columns()]]
@@ -126,9 +128,12 @@ def versus_column(rows: list[tuple]) -> list[str]:
         if family in ("cross-entropy", ""):
             cells.append(NONE)
             continue
-        partner = next((s for a, _, _, f, s in rows if a == approach and f == "cross-entropy"
-                        and all(str(s.get(k)) == str(setting.get(k)) for k in PARTNER_KEYS)),
-                       None)
+        experiment = setting.get("experiment", "")
+        partners = [s for a, _, _, f, s in rows if a == approach and f == "cross-entropy"
+                    and all(str(s.get(k)) == str(setting.get(k)) for k in PARTNER_KEYS)]
+        # the experiment's own XE row, else the baseline's it shares
+        partner = next((s for s in partners if s.get("experiment", "") == experiment), None) \
+            or next((s for s in partners if not s.get("experiment")), None)
         if partner is None or not setting.get("evaluation") or not partner.get("evaluation"):
             cells.append(NA)
             continue

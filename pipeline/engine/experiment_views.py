@@ -1,0 +1,135 @@
+"""What ``capstack exp list|show|diff`` print: each experiment's settings against the
+baseline's, the state of its own stages, and the metrics its own evaluations wrote.
+
+An evaluation is any out folder of a stage holding ``metrics.json`` (what ``capstack evaluate``
+writes): its ``metrics`` are read, nothing else, so the views know no metric or objective.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pipeline.engine.experiments import Experiment, ExperimentPipeline
+from pipeline.engine.stages import NEVER_RUN, Pipeline
+
+SHOWN_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")  # exp show's and exp diff's metrics
+BASELINE = "baseline"
+
+
+def baseline_values(baseline: Pipeline, experiment: Experiment) -> dict[str, Any]:
+    """Each param the experiment sets, as the baseline has it on the first root that has it."""
+    values: dict[str, Any] = {}
+    for root in experiment.roots:
+        stage = baseline.file.stages.get(root)
+        for k in experiment.params:
+            if stage is not None and k in stage.params and k not in values:
+                values[k] = stage.params[k]
+    return values
+
+
+def own_state(pipeline: ExperimentPipeline) -> str:
+    """How many of the experiment's own stages are up to date, stale, never run."""
+    states = pipeline.statuses()
+    counts = Counter(states[name].state for name in pipeline.file.order if name in pipeline.own)
+    return ", ".join(f"{n} {state}" for state, n in counts.items()) or "no stage of its own"
+
+
+def evaluations(pipeline: Pipeline, stages: frozenset[str] | None = None) -> dict[str, dict]:
+    """``stage name -> metrics`` for each stage (of ``stages``, default all) with an out folder
+    holding a readable metrics.json."""
+    found = {}
+    for name in pipeline.file.order:
+        if stages is not None and name not in stages:
+            continue
+        for out in pipeline.file.stages[name].outs:
+            metrics = read_metrics(pipeline.workdir / out / "metrics.json")
+            if metrics is not None:
+                found[name] = metrics
+    return found
+
+
+def read_metrics(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    metrics = doc.get("metrics") if isinstance(doc, dict) else None
+    return metrics if isinstance(metrics, dict) else None
+
+
+def percent(value: Any) -> str:
+    return f"{100 * value:.1f}" if isinstance(value, (int, float)) else "-"
+
+
+def settings_text(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items()) or "(baseline's)"
+
+
+def listing(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[str]]:
+    """``exp list``: one row per experiment: its settings (baseline's value first), the state
+    of its own stages, its roots, when it was made."""
+    rows = [["experiment", "settings (baseline -> experiment)", "own stages", "set on", "made"]]
+    for p in pipelines:
+        was = baseline_values(baseline, p.experiment)
+        settings = " ".join(f"{k}: {was.get(k, '?')} -> {v}"
+                            for k, v in p.experiment.params.items())
+        rows.append([p.experiment.name, settings, own_state(p), ", ".join(p.experiment.roots),
+                     p.experiment.created])
+    return rows
+
+
+def show(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[str]]:
+    """``exp show``: one row per evaluation an experiment has of its own, after the baseline's
+    row for the same stage: the settings that differ (a column each), the stage's state, its
+    metrics in percent."""
+    keys = list(dict.fromkeys(k for p in pipelines for k in p.experiment.params))
+    rows = [["experiment", "evaluation", *keys, "state", *SHOWN_METRICS]]
+    baseline_states, baseline_metrics = baseline.statuses(), evaluations(baseline)
+    seen = [(p, p.statuses(), evaluations(p, p.own), baseline_values(baseline, p.experiment))
+            for p in pipelines]
+    for stage in baseline.file.order:
+        shown = [(p, states, own, was) for p, states, own, was in seen
+                 if stage in p.own and (stage in own or _is_evaluation(p, stage)
+                                        and states[stage].state != NEVER_RUN)]
+        if shown:
+            was = {k: v for *_, w in reversed(shown) for k, v in w.items()}
+            rows.append([BASELINE, stage, *(str(was.get(k, "")) for k in keys),
+                         baseline_states[stage].state,
+                         *(percent(baseline_metrics.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
+        for p, states, own, was in shown:
+            rows.append([p.experiment.name, stage,
+                         *(str(p.experiment.params.get(k, was.get(k, ""))) for k in keys),
+                         states[stage].state,
+                         *(percent(own.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
+    return rows
+
+
+def _is_evaluation(pipeline: Pipeline, stage: str) -> bool:
+    """A stage that runs ``capstack evaluate`` (its metrics may not be written yet)."""
+    return pipeline.file.stages[stage].command == "evaluate"
+
+
+def diff(baseline: Pipeline, a: ExperimentPipeline, b: ExperimentPipeline | None
+         ) -> list[list[str]]:
+    """``exp diff A [B]``: each param set differently (B: the baseline when not given), then
+    each evaluation both have, metric by metric."""
+    name_b = b.experiment.name if b else BASELINE
+    rows = [["", a.experiment.name, name_b]]
+    was = {**baseline_values(baseline, a.experiment),
+           **(baseline_values(baseline, b.experiment) if b else {})}
+    values_a = {**was, **a.experiment.params}
+    values_b = {**was, **(b.experiment.params if b else {})}
+    for k in dict.fromkeys([*values_a, *values_b]):
+        if str(values_a.get(k)) != str(values_b.get(k)):
+            rows.append([k, str(values_a.get(k, "-")), str(values_b.get(k, "-"))])
+    metrics_a = evaluations(a)
+    metrics_b = evaluations(b) if b else evaluations(baseline)
+    for stage in [s for s in metrics_a if s in metrics_b]:
+        for m in SHOWN_METRICS:
+            va, vb = metrics_a[stage].get(m), metrics_b[stage].get(m)
+            if va is not None and vb is not None and va != vb:
+                rows.append([f"{stage} {m}", percent(va), percent(vb)])
+    return rows
