@@ -815,16 +815,22 @@ def cider_cache_cmd(prepared, split, out):
               help="A column for every row not trained by cross-entropy: its CIDEr minus that "
                    "of the XE row of the same approach, features and seeds, with the 95% "
                    "interval of the paired bootstrap over the images.")
-def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe):
-    """One table of every evaluated experiment (metrics.json files or their folders), in %;
-    with --compare A B, whether A's difference from B is real on these images."""
+@click.option("--baseline", default=None, type=click.Path(path_type=Path), metavar="EVAL",
+              help="A column of every row's CIDEr minus that of the row holding evaluation "
+                   "EVAL, with the 95% interval of the paired bootstrap over the images.")
+def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe, baseline):
+    """One table of every evaluated experiment (metrics.json files or their folders, or
+    patterns of them: 'exps/seed*/evals/top_down'), in %; rows differing only in their seed
+    are one, over the seeds; with --compare A B, whether A's difference from B is real on these
+    images."""
     if not metrics and not compare:
         raise click.UsageError("name the evaluations to report (METRICS...), or --compare A B")
     if metrics:
-        from trainer.evaluation.report import write_report
+        from trainer.evaluation.report import expand_evaluations, write_report
 
-        files = [m / "metrics.json" if m.is_dir() else m for m in metrics]
-        csv_path, md_path = write_report(files, out_dir, versus_xe)
+        files = expand_evaluations(metrics)
+        csv_path, md_path = write_report(files, out_dir, versus_xe,
+                                         str(baseline) if baseline else None)
         click.echo(md_path.read_text().rstrip())
         click.echo(f"-> {csv_path}, {md_path}")
     if compare:
@@ -956,9 +962,9 @@ def _in_experiment(pipeline, name: str | None):
     """``pipeline`` as experiment ``name`` has it (``pipeline`` itself for no name)."""
     if not name:
         return pipeline
-    from pipeline.engine.experiments import ExperimentPipeline, read_experiment
+    from pipeline.engine.experiments import pipeline_of, read_experiment
 
-    return ExperimentPipeline(pipeline, read_experiment(pipeline.workdir, name))
+    return pipeline_of(pipeline, read_experiment(pipeline.workdir, name))
 
 
 @main.command("stages")
@@ -1007,13 +1013,13 @@ def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, experime
             outs_outside_workdir):
     """Run one STAGE, unless it is up to date; with --set, --name or --seeds, as named
     experiments beside the baseline (`capstack exp list`)."""
-    from pipeline.engine.experiments import ExperimentPipeline, parse_seeds, runs_asked
+    from pipeline.engine.experiments import parse_seeds, pipeline_of, runs_asked
 
     pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
     asked = runs_asked(pipeline, stage, assignments, experiment,
                        parse_seeds(seeds) if seeds else ())
     for run in asked:
-        where = pipeline if run is None else ExperimentPipeline(pipeline, run)
+        where = pipeline if run is None else pipeline_of(pipeline, run)
         if len(asked) > 1 or run is not None:
             click.echo(f"== {'baseline' if run is None else f'experiment {run.name}'} "
                        f"({where.workdir})")
@@ -1027,12 +1033,12 @@ def exp_group():
 
 
 def _experiments(stages_path: Path, workdir: Path, names=()):
-    from pipeline.engine.experiments import ExperimentPipeline, experiments, read_experiment
+    from pipeline.engine.experiments import experiments, pipeline_of, read_experiment
 
     baseline = _pipeline(stages_path, workdir)
     chosen = [read_experiment(baseline.workdir, n) for n in names] if names \
         else experiments(baseline.workdir)
-    return baseline, [ExperimentPipeline(baseline, e) for e in chosen]
+    return baseline, [pipeline_of(baseline, e) for e in chosen]
 
 
 def _echo_table(rows) -> None:
@@ -1094,10 +1100,10 @@ def exp_diff_cmd(a, b, stages_path, workdir):
 @_stages_options
 def exp_remove_cmd(names, stages_path, workdir):
     """Remove experiments: their folders (own outs, lock, links), never the baseline's files."""
-    from pipeline.engine.experiments import remove_experiment
+    from pipeline.engine.experiments import remove_experiments
 
-    for name in names:
-        click.echo(f"removed {remove_experiment(workdir, name)}")
+    for folder in remove_experiments(workdir, names):
+        click.echo(f"removed {folder}")
 
 
 @main.command("demo")

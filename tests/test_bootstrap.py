@@ -177,3 +177,24 @@ def test_report_versus_xe_marks_whether_each_rl_row_beats_its_xe_row(tmp_path):
     poor = json.loads((rows["xe"] / "metrics.json").read_text())["metrics"]["CIDEr"]
     assert float(difference) == pytest.approx(100 * (good - poor), abs=0.05)
     assert 0 < low < float(difference) < high
+
+
+@pytest.mark.slow  # evaluations scored with Java (PTB, METEOR)
+def test_report_baseline_column_compares_every_row_with_the_chosen_one(tmp_path):
+    folders = [evaluation(tmp_path, name, candidates)
+               for name, candidates in (("poor", POOR), ("good", GOOD), ("good-too", GOOD))]
+    done = CliRunner().invoke(cli.main, ["report", str(tmp_path / "poor"),
+                                         str(tmp_path / "good*"), "--baseline", str(folders[0]),
+                                         "--out", str(tmp_path / "rep")],
+                              catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    table = json.loads((tmp_path / "rep" / "report.json").read_text())
+    column = next(c for c in table["columns"] if c.startswith("CIDEr vs "))
+    assert column == "CIDEr vs poor (95%)"
+    cells = {r["Approach"]: r[column] for r in table["rows"]}
+    assert cells["poor"] == "-" and cells["good"] == cells["good-too"]  # the pattern's two
+    low = float(cells["good"].split("[")[1].split(",")[0])
+    assert low > 0
+    missing = CliRunner().invoke(cli.main, ["report", str(tmp_path / "nothing*"),
+                                            "--out", str(tmp_path / "rep")])
+    assert missing.exit_code == 1 and "no evaluation matches this pattern" in missing.output

@@ -24,12 +24,14 @@ pathlib.Path(out, "model.json").write_text(json.dumps(model))
 """
 # evaluate.py RUN OUT: metrics.json as capstack evaluate writes it (its "metrics")
 EVALUATE = """\
-import json, pathlib, sys
+import json, os, pathlib, sys
 run, out = sys.argv[1:]
 model = json.loads(pathlib.Path(run, "model.json").read_text())
 pathlib.Path(out).mkdir(parents=True, exist_ok=True)
 cider = model["words"] / 10000 + model["seed"] / 100
-pathlib.Path(out, "metrics.json").write_text(json.dumps({"metrics": {"CIDEr": cider}}))
+setting = {"experiment": os.environ["CAPSTACK_EXPERIMENT"]}
+pathlib.Path(out, "metrics.json").write_text(json.dumps({"metrics": {"CIDEr": cider},
+                                                         "setting": setting}))
 """
 
 STAGES = """
@@ -166,6 +168,10 @@ def test_removing_an_experiment_removes_only_its_outputs(project):
     project.stage_cmd("run", "train", "--set", "seed=7", "--name", "s7")
     project.stage_cmd("exp", "remove", "mc1")
     assert not (project.workdir / "exps" / "mc1").exists()
+    project.stage_cmd("run", "train", "--name", "s7", "--seeds", "8")
+    refused = project.stage_cmd("exp", "remove", "s7", expect_ok=False)
+    assert "experiment 's7': s7-seed8 share its stages (its seeds)" in refused.output
+    project.stage_cmd("exp", "remove", "s7-seed8")
     assert (project.workdir / "exps" / "s7" / "runs/model/model.json").is_file()
     assert baseline_files(project.workdir) == before
     assert states(project) == dict.fromkeys(["shapes", "prepare", "train", "evaluate"],
@@ -186,3 +192,24 @@ def test_seeds_run_once_each_as_their_own_experiments_and_are_skipped_when_done(
     assert "Running" not in again
     names = [line.split()[0] for line in project.stage_cmd("exp", "list").output.splitlines()]
     assert names == ["experiment", "seed1", "seed2"]
+
+
+def test_a_stage_is_told_its_experiment_and_a_seed_its_group(project):
+    def recorded(folder: str) -> str:
+        doc = json.loads((project.workdir / folder / "evals/model/metrics.json").read_text())
+        return doc["setting"]["experiment"]
+
+    project.stage_cmd("run", "train", "--seeds", "0,1")
+    project.stage_cmd("run", "evaluate", "--name", "seed1")
+    project.stage_cmd("run", "prepare", "--set", "min_count=1", "--name", "mc1")
+    project.stage_cmd("run", "train", "--seeds", "0,1", "--name", "mc1")
+    project.stage_cmd("run", "evaluate", "--name", "mc1-seed1")
+    assert recorded(".") == "" and recorded("exps/seed1") == ""  # the baseline over seeds
+    assert recorded("exps/mc1-seed1") == "mc1"
+    # mc1's seed 1 keeps mc1's setting upstream, and shares mc1's prepare, run once
+    assert states(project, "--name", "mc1-seed1") == dict.fromkeys(
+        ["shapes", "prepare", "train", "evaluate"], "up to date")
+    prepared = project.workdir / "exps/mc1-seed1/data/prepared"
+    assert prepared.resolve() == (project.workdir / "exps/mc1/data/prepared").resolve()
+    listing = json.loads(project.stage_cmd("stages", "--json", "--name", "mc1-seed1").output)
+    assert [name for name, s in listing.items() if s["own"]] == ["train", "evaluate"]

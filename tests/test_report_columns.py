@@ -93,3 +93,21 @@ def test_the_same_seed_twice_stays_two_rows():
             ("a", SCORES, "XE", "cross-entropy", setting(run="runs/y"))]
     table = R.metrics_table(rows)
     assert len(table) == 2 and "n" not in table.columns and "run" in table.columns
+
+
+def test_rows_name_their_experiment_and_the_baseline_reads_as_such():
+    rows = [("a", SCORES, "XE", "cross-entropy", setting(experiment="")),
+            ("a", SCORES, "XE", "cross-entropy", setting(experiment="wide"))]
+    table = R.metrics_table(rows)
+    assert list(table.columns)[:3] == ["Approach", "Training", "experiment"]
+    assert list(table["experiment"]) == ["baseline", "wide"]
+
+
+def test_seeds_run_as_experiments_are_their_groups_rows_over_seeds():
+    # --seeds runs seed 1 as experiment seed1, recorded under its group (the baseline: "")
+    rows = [("a", SCORES, "XE", "cross-entropy", setting(experiment="", seed=0, run="runs/a")),
+            ("a", SCORES, "XE", "cross-entropy", setting(experiment="", seed=1, run="runs/a")),
+            ("a", SCORES, "XE", "cross-entropy", setting(experiment="wide", seed=0))]
+    table = R.metrics_table(rows)
+    assert list(table["experiment"]) == ["baseline", "wide"]
+    assert list(table["n"]) == [2, 1]

@@ -120,17 +120,18 @@ def settings_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) 
             if k not in recorded or k not in asked or recorded[k] != asked[k]]
 
 
-def open_experiment(workdir: Path, name: str, params: Mapping[str, Any], root: str | None,
-                    group: str | None = None) -> Experiment:
-    """Experiment ``name``, made with ``params`` on stage ``root`` when new. An existing one
-    must have been made with exactly ``params`` (none given: whatever it has); ``root`` joins
+def open_experiment(workdir: Path, name: str, params: Mapping[str, Any],
+                    roots: Iterable[str] = (), group: str | None = None) -> Experiment:
+    """Experiment ``name``, made with ``params`` on stages ``roots`` when new. An existing one
+    must have been made with exactly ``params`` (none given: whatever it has); ``roots`` join
     its roots. Other settings under the same name are refused with what differs."""
+    roots = tuple(roots)
     check_name(name)
     if not (folder_of(workdir, name) / MANIFEST).is_file():
         if not params:
             raise CapstackError(f"no experiment named '{name}' in {workdir}; make one with "
                                 f"`capstack run STAGE --set NAME=VALUE --name {name}`")
-        experiment = Experiment(name, dict(params), (root,) if root else (),
+        experiment = Experiment(name, dict(params), roots,
                                 name if group is None else group,
                                 time.strftime("%Y-%m-%dT%H:%M:%S"), folder_of(workdir, name))
         _write(experiment)
@@ -141,20 +142,30 @@ def open_experiment(workdir: Path, name: str, params: Mapping[str, Any], root: s
             f"experiment '{name}' was made with other settings "
             f"({'; '.join(settings_differences(experiment.params, params))}); run it without "
             f"--set, or choose another --name, or `capstack exp remove {name}` first")
-    if params and root and root not in experiment.roots:
+    added = tuple(r for r in roots if r not in experiment.roots) if params else ()
+    if added:
         experiment = Experiment(experiment.name, experiment.params,
-                                (*experiment.roots, root), experiment.group, experiment.created,
-                                experiment.folder)
+                                (*experiment.roots, *added), experiment.group,
+                                experiment.created, experiment.folder)
         _write(experiment)
     return experiment
 
 
-def remove_experiment(workdir: Path, name: str) -> Path:
-    """Remove experiment ``name``'s folder (its own outs and its links, never what they point
-    to); returns the folder."""
-    experiment = read_experiment(workdir, name)
-    shutil.rmtree(experiment.folder)  # removes links as links: it follows none
-    return experiment.folder
+def remove_experiments(workdir: Path, names: Iterable[str]) -> list[Path]:
+    """Remove experiments' folders (their own outs and their links, never what a link points
+    to); returns the folders. An experiment whose seeds (``NAME-seedS``) share its stages goes
+    only with them."""
+    chosen = [read_experiment(workdir, n) for n in dict.fromkeys(names)]
+    names = {e.name for e in chosen}
+    for e in chosen:
+        left = [o.name for o in experiments(workdir)
+                if o.group == e.name and o.name != e.name and o.name not in names]
+        if left:
+            raise CapstackError(f"experiment '{e.name}': {', '.join(left)} share its stages "
+                                f"(its seeds); remove them too, or first")
+    for e in chosen:
+        shutil.rmtree(e.folder)  # removes links as links: it follows none
+    return [e.folder for e in chosen]
 
 
 # -- the experiment's stages ----------------------------------------------------------------
@@ -177,9 +188,20 @@ def changed_stages(file: StagesFile, experiment: Experiment) -> dict[str, Stage]
     return changed
 
 
+def pipeline_of(baseline: Pipeline, experiment: Experiment) -> "ExperimentPipeline":
+    """The stages as ``experiment`` has them. One seed of a group (``NAME-seedS``) shares what
+    the seed does not change with its group's experiment, not the baseline: the group's own
+    stages upstream of the seed are computed once for all its seeds."""
+    base = baseline
+    if experiment.group and experiment.group != experiment.name:
+        base = pipeline_of(baseline, read_experiment(baseline.workdir, experiment.group))
+    return ExperimentPipeline(base, experiment)
+
+
 class ExperimentPipeline(Pipeline):
     """The stages as experiment ``experiment`` has them: its own stages checked and run in its
-    folder, the others the baseline's (``baseline``), checked and run there."""
+    folder, the others those of ``baseline`` (the workdir's, or the experiment it varies),
+    checked and run there."""
 
     def __init__(self, baseline: Pipeline, experiment: Experiment):
         changed = changed_stages(baseline.file, experiment)
@@ -194,7 +216,7 @@ class ExperimentPipeline(Pipeline):
 
     # -- status: own stages from the experiment's lock, others from the baseline's ------------
     def _records(self) -> dict:
-        own, shared = self._read_lock(), self.baseline._read_lock()
+        own, shared = self._read_lock(), self.baseline._records()
         return {name: (own if name in self.own else shared).get(name) for name in self.file.order}
 
     def own_status(self, stage: Stage, record: Mapping | None = None) -> StageStatus:
@@ -296,25 +318,27 @@ def runs_asked(pipeline: Pipeline, stage_name: str, assignments: Iterable[str],
     ``NAME``'s (the baseline's) at that seed."""
     file, workdir = pipeline.file, pipeline.workdir
     stage = file.stage(stage_name)
-    params = settings_of(assignments, stage, file)
-    root = stage_name if params or seeds else None  # the stage the settings are set on
+    params = asked = settings_of(assignments, stage, file)
+    roots: tuple[str, ...] = (stage_name,) if params or seeds else ()  # set on this stage
     if name and not params and (folder_of(workdir, name) / MANIFEST).is_file():
-        params = read_experiment(workdir, name).params
+        existing = read_experiment(workdir, name)
+        params, roots = existing.params, (*existing.roots, *roots)
     group = name or (auto_name(params) if params else "")
     seeds = list(seeds)
     if not seeds:
-        return [open_experiment(workdir, group, params, root) if group else None]
+        return [open_experiment(workdir, group, params, roots) if group else None]
     if "seed" not in stage.params:
         raise CapstackError(f"--seeds: stage '{stage_name}' in {file.path} has no param 'seed' "
                             f"(params: {', '.join(stage.params) or 'none'})")
-    if "seed" in params:
+    if "seed" in asked:
         raise CapstackError("--seeds with a seed set (--set seed=...): give the seeds only")
+    own_seed = params.get("seed", stage.params["seed"])  # the group's seed: the group itself
     runs: list[Experiment | None] = []
     for seed in seeds:
-        if seed == stage.params["seed"]:
-            runs.append(open_experiment(workdir, group, params, stage_name) if group else None)
+        if seed == own_seed:
+            runs.append(open_experiment(workdir, group, params, roots) if group else None)
         else:
             runs.append(open_experiment(workdir, f"{group}-seed{seed}" if group else
-                                        f"seed{seed}", {**params, "seed": seed}, stage_name,
+                                        f"seed{seed}", {**params, "seed": seed}, roots,
                                         group=group))
     return runs

@@ -16,6 +16,7 @@ markdown, CSV and JSON.
 
 from __future__ import annotations
 
+import glob
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,7 +80,8 @@ def one_line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def metrics_table(rows: list[tuple], versus_xe: bool = False) -> pd.DataFrame:
+def metrics_table(rows: list[tuple], versus_xe: bool = False,
+                  baseline: str | None = None) -> pd.DataFrame:
     """One row per (approach, score()["metrics"][, training[, family[, setting]]]); columns
     exactly :func:`columns` of the settings that vary (:func:`varying`).
 
@@ -93,6 +95,8 @@ def metrics_table(rows: list[tuple], versus_xe: bool = False) -> pd.DataFrame:
     cross-entropy: its CIDEr minus that of the cross-entropy row of the same approach, decoder,
     features and seeds, with the 95 % interval of the paired bootstrap over the images (each
     seed's images, over seeds), from the evaluation folders the settings name.
+    ``baseline``: an evaluation folder; a column of every row's CIDEr against the row holding
+    it, likewise (:func:`baseline_column`).
     """
     defaults: list[Any] = ["", "", {}]  # training, family, setting
     rows = over_seeds([(approach, [metrics], *rest, *defaults[len(rest):])
@@ -101,15 +105,17 @@ def metrics_table(rows: list[tuple], versus_xe: bool = False) -> pd.DataFrame:
     settings = varying([setting for *_, setting in rows],
                        [(one_line(r[0]), one_line(r[2])) for r in rows])
     counted = any(len(runs) > 1 for _, runs, *_ in rows)
-    versus = versus_column(rows) if versus_xe else None
+    against = dict([(VERSUS_XE, versus_column(rows))] if versus_xe else [])
+    if baseline:
+        title, cells = baseline_column(rows, baseline)
+        against[title] = cells
     table = pd.DataFrame([[one_line(approach), one_line(training),
                            *[one_line(setting.get(k, "")) or EMPTY.get(k, NONE) for k in settings],
                            *([len(runs)] if counted else []),
-                           *([versus[k]] if versus else []),
+                           *(cells[k] for cells in against.values()),
                            *[_over(runs, value) for _, value in table_columns()]]
                           for k, (approach, runs, training, _, setting) in enumerate(rows)],
-                         columns=columns([*settings, *(["n"] if counted else []),
-                                          *([VERSUS_XE] if versus else [])]),
+                         columns=columns([*settings, *(["n"] if counted else []), *against]),
                          dtype=object)
     table.attrs["families"] = [family for *_, family, _ in rows]
     return table
@@ -134,12 +140,33 @@ def versus_column(rows: list[tuple]) -> list[str]:
         # the experiment's own XE row, else the baseline's it shares
         partner = next((s for s in partners if s.get("experiment", "") == experiment), None) \
             or next((s for s in partners if not s.get("experiment")), None)
-        if partner is None or not setting.get("evaluation") or not partner.get("evaluation"):
-            cells.append(NA)
-            continue
-        d = difference_over(_by_seed(setting), _by_seed(partner), "CIDEr")
-        cells.append(f"{100 * d.difference:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]")
+        cells.append(NA if partner is None else versus_cell(setting, partner))
     return cells
+
+
+def baseline_column(rows: list[tuple], folder: str) -> tuple[str, list[str]]:
+    """The column of each row's CIDEr against the row that holds evaluation ``folder`` (its
+    title names that row): ``-`` on that row."""
+    wanted = str(Path(folder))
+    chosen = next((k for k, (*_, setting) in enumerate(rows)
+                   if wanted in [str(Path(f)) for f in _folders(setting)]), None)
+    if chosen is None:
+        raise CapstackError(f"--baseline {folder}: not one of the evaluations reported")
+    approach, _, training, _, partner = rows[chosen]
+    title = f"CIDEr vs {one_line(approach)} {one_line(training)} (95%)".replace("  ", " ")
+    return title, [NONE if k == chosen else versus_cell(setting, partner)
+                   for k, (*_, setting) in enumerate(rows)]
+
+
+def versus_cell(setting: dict, partner: dict) -> str:
+    """A row's CIDEr minus its partner row's, with the paired bootstrap's 95 % interval over
+    the images: seed with seed where they share seeds, else run for run; ``n/a`` when the
+    rows hold different numbers of runs and share no seed."""
+    a, b = _paired_folders(setting, partner)
+    if not a:
+        return NA
+    d = difference_over(a, b, "CIDEr")
+    return f"{100 * d.difference:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
 
 
 def over_seeds(rows: list[tuple]) -> list[tuple]:
@@ -233,24 +260,50 @@ def markdown(table: pd.DataFrame, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _by_seed(setting: dict) -> list[str]:
-    """A row's evaluation folders in the order of their seeds (one per seed over seeds)."""
-    folders = str(setting["evaluation"]).split(",")
-    seeds = str(setting.get("seed", "")).split(",")
-    return [f for _, f in sorted(zip(seeds, folders))] if len(seeds) == len(folders) \
-        else folders
+def _folders(setting: dict) -> list[str]:
+    """A row's evaluation folders (one per seed over seeds)."""
+    return [f for f in str(setting.get("evaluation", "")).split(",") if f]
 
 
-def write_report(metric_files: list[Path], out_dir: Path,
-                 versus_xe: bool = False) -> tuple[Path, Path]:
+def _paired_folders(setting: dict, partner: dict) -> tuple[list[str], list[str]]:
+    """The two rows' evaluation folders paired: by seed where they share seeds, else in order
+    when they hold as many; ([], []) otherwise."""
+    mine, theirs = _folders(setting), _folders(partner)
+    seeds_a = str(setting.get("seed", "")).split(",")
+    seeds_b = str(partner.get("seed", "")).split(",")
+    if len(seeds_a) == len(mine) and len(seeds_b) == len(theirs):
+        a, b = dict(zip(seeds_a, mine)), dict(zip(seeds_b, theirs))
+        common = sorted(set(a) & set(b))
+        if common:
+            return [a[s] for s in common], [b[s] for s in common]
+    return (mine, theirs) if mine and len(mine) == len(theirs) else ([], [])
+
+
+def expand_evaluations(given: Sequence[Path]) -> list[Path]:
+    """Each given metrics.json, evaluation folder (its metrics.json) or pattern of them
+    (``*?[``, as glob reads it: ``exps/seed*/evals/top_down``; the folders and metrics.json
+    files it matches), in order; a pattern that matches none is an error naming it."""
+    files = []
+    for path in map(Path, given):
+        matched = [m for m in sorted(map(Path, glob.glob(str(path))))
+                   if m.is_dir() or m.name == "metrics.json"] if glob.has_magic(str(path)) \
+            else [path]
+        if not matched:
+            raise CapstackError(f"{path}: no evaluation matches this pattern")
+        files += [m / "metrics.json" if m.is_dir() else m for m in matched]
+    return files
+
+
+def write_report(metric_files: list[Path], out_dir: Path, versus_xe: bool = False,
+                 baseline: str | None = None) -> tuple[Path, Path]:
     """Write out_dir/metrics.csv, metrics.md and report.json (atomically) from metrics.json
-    files (``versus_xe``: :func:`metrics_table`'s)."""
+    files (``versus_xe``, ``baseline``: :func:`metrics_table`'s)."""
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
     docs = [read_metrics_doc(p) for p in metric_files]
     table = metrics_table([(d["approach"], d["metrics"], *training_of(d),
                             {**setting_of(d), "evaluation": str(Path(p).parent)})
-                           for p, d in zip(metric_files, docs)], versus_xe)
+                           for p, d in zip(metric_files, docs)], versus_xe, baseline)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "metrics.csv", out_dir / "metrics.md"
