@@ -806,7 +806,9 @@ def cider_cache_cmd(prepared, split, out):
 @click.option("--compare", nargs=2, type=click.Path(path_type=Path), default=None,
               metavar="A B", help="Two evaluation folders of the same images: A - B per value, "
                                   "its interval and how often A is ahead, by the paired "
-                                  "bootstrap over the images (OUT/compare.md, compare.json).")
+                                  "bootstrap over the images (OUT/compare.md, compare.json). "
+                                  "A pattern for each side ('exps/seed*/evals/top_down'): "
+                                  "every seed's images, seed paired with seed.")
 @click.option("--resamples", default=1000, show_default=True, type=click.IntRange(1, 100_000),
               help="--compare: bootstrap resamples.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1),
@@ -835,8 +837,10 @@ def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe, baseline):
         click.echo(f"-> {csv_path}, {md_path}")
     if compare:
         from trainer.evaluation.compare import write_comparison
+        from trainer.evaluation.report import expand_evaluations
 
-        json_path, md_path, text = write_comparison(*compare, out_dir, resamples=resamples,
+        a, b = (expand_evaluations([side]) for side in compare)
+        json_path, md_path, text = write_comparison(a, b, out_dir, resamples=resamples,
                                                     seed=seed)
         click.echo(text.rstrip())
         click.echo(f"-> {json_path}, {md_path}")

@@ -198,3 +198,26 @@ def test_report_baseline_column_compares_every_row_with_the_chosen_one(tmp_path)
     missing = CliRunner().invoke(cli.main, ["report", str(tmp_path / "nothing*"),
                                             "--out", str(tmp_path / "rep")])
     assert missing.exit_code == 1 and "no evaluation matches this pattern" in missing.output
+
+
+@pytest.mark.slow  # evaluations scored with Java (PTB, METEOR)
+def test_report_compare_over_seeds_resamples_every_seeds_images_seed_with_seed(tmp_path):
+    for name, candidates in (("good", GOOD), ("poor", POOR)):
+        for seed in (0, 1):
+            folder = evaluation(tmp_path, f"{name}-s{seed}", candidates)
+            doc = json.loads((folder / "metrics.json").read_text())
+            doc.update(approach=name, setting={"seed": seed})
+            (folder / "metrics.json").write_text(json.dumps(doc))
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(tmp_path / "good-s*"),
+                                         str(tmp_path / "poor-s*"), "--resamples", "300",
+                                         "--out", str(tmp_path / "r")], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    written = json.loads((tmp_path / "r" / "compare.json").read_text())
+    assert written["a"]["seeds"] == ["0", "1"] and written["b"]["seeds"] == ["0", "1"]
+    cider = next(d for d in written["differences"] if d["value"] == "CIDEr")
+    assert cider["images"] == 2 * len(GOOD) and cider["low"] > 0
+    assert "over seeds 0, 1" in done.output
+    refused = CliRunner().invoke(cli.main, ["report", "--compare", str(tmp_path / "good-s*"),
+                                            str(tmp_path / "poor-s0"), "--out",
+                                            str(tmp_path / "r")])
+    assert refused.exit_code == 1 and "compare runs over the same seeds" in refused.output

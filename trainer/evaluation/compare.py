@@ -10,6 +10,7 @@ resamples in which A is ahead, in percent as the report's table shows values.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -34,14 +35,42 @@ def compare_images(a: Evaluation, b: Evaluation) -> None:
 def compare(a: Evaluation, b: Evaluation, *, resamples: int = RESAMPLES, seed: int = 0,
             confidence: float = CONFIDENCE) -> list[Difference]:
     """The paired bootstrap of every value both have statistics of, in the table's order."""
-    compare_images(a, b)
-    shared = [name for name, _ in metrics() if name in a.statistics and name in b.statistics]
+    return compare_over([(a, b)], resamples=resamples, seed=seed, confidence=confidence)
+
+
+def compare_over(pairs: Sequence[tuple[Evaluation, Evaluation]], *, resamples: int = RESAMPLES,
+                 seed: int = 0, confidence: float = CONFIDENCE) -> list[Difference]:
+    """The paired bootstrap over several pairs of evaluations (one pair per seed): each pair's
+    images, all of them resampled together, for every value each pair has statistics of."""
+    for a, b in pairs:
+        compare_images(a, b)
+    shared = [name for name, _ in metrics()
+              if all(name in a.statistics and name in b.statistics for a, b in pairs)]
     if not shared:
+        a, b = pairs[0]
         raise CapstackError(f"{a.folder} and {b.folder}: no metric with per-image statistics "
                             f"in both")
-    return [d for name in shared for d in paired_bootstrap(
-        METRICS.get(name)(), *aligned(a, b, name), resamples=resamples, seed=seed,
-        confidence=confidence)]
+    differences = []
+    for name in shared:
+        a_rows, b_rows = zip(*(aligned(a, b, name) for a, b in pairs))
+        differences += paired_bootstrap(METRICS.get(name)(), np.vstack(a_rows),
+                                        np.vstack(b_rows), resamples=resamples, seed=seed,
+                                        confidence=confidence)
+    return differences
+
+
+def paired(a: Sequence[Evaluation], b: Sequence[Evaluation]
+           ) -> list[tuple[Evaluation, Evaluation]]:
+    """Evaluations of A paired with B's: one each, or seed with seed (both over the same
+    seeds, each seed once)."""
+    if len(a) == 1 and len(b) == 1:
+        return [(a[0], b[0])]
+    by_a, by_b = {e.seed: e for e in a}, {e.seed: e for e in b}
+    if len(by_a) != len(a) or len(by_b) != len(b) or set(by_a) != set(by_b):
+        raise CapstackError(f"A's seeds ({', '.join(e.seed for e in a)}) and B's "
+                            f"({', '.join(e.seed for e in b)}): compare runs over the same "
+                            f"seeds, each once")
+    return [(by_a[s], by_b[s]) for s in sorted(by_a, key=lambda s: (len(s), s))]
 
 
 def difference_over(a_folders: list[str], b_folders: list[str], value: str, *,
@@ -50,44 +79,60 @@ def difference_over(a_folders: list[str], b_folders: list[str], value: str, *,
     (one pair per seed, in order): each pair's images, all of them resampled together."""
     if len(a_folders) != len(b_folders):
         raise CapstackError(f"{a_folders} and {b_folders}: not one B evaluation per A one")
-    name = next(n for n, m in metrics() if value in m.values)
     pairs = [(read_evaluation(a), read_evaluation(b)) for a, b in zip(a_folders, b_folders)]
-    for a, b in pairs:
-        compare_images(a, b)
-    a_rows, b_rows = zip(*(aligned(a, b, name) for a, b in pairs))
-    found = paired_bootstrap(METRICS.get(name)(), np.vstack(a_rows), np.vstack(b_rows),
-                             resamples=resamples, seed=seed)
+    found = compare_over(pairs, resamples=resamples, seed=seed)
     return next(d for d in found if d.value == value)
 
 
-def markdown(a: Evaluation, b: Evaluation, differences: list[Difference]) -> str:
+def _side(evaluations: Sequence[Evaluation]) -> str:
+    first = evaluations[0]
+    if len(evaluations) == 1:
+        return f"{first.label}, {first.folder}"
+    return (f"{first.label}, over seeds {', '.join(e.seed for e in evaluations)}: "
+            f"{', '.join(str(e.folder) for e in evaluations)}")
+
+
+def markdown(a: Sequence[Evaluation], b: Sequence[Evaluation],
+             differences: list[Difference]) -> str:
     """The comparison as a table in percent, with what was compared and how."""
     first = differences[0]
-    lines = [f"A: {a.label}, {a.folder}", f"B: {b.label}, {b.folder}", "",
+    lines = [f"A: {_side(a)}", f"B: {_side(b)}", "",
              f"| value | A | B | A - B | {100 * first.confidence:g}% interval | A ahead in |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {d.value} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.difference:+.1f} | "
               f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.share:.1f}% |"
               for d in differences]
-    lines += ["", f"Paired bootstrap over {first.images} images (Koehn 2004): {first.resamples} "
-                  f"resamples with replacement, the same for A and B; a tie counts half."]
+    over = f" ({len(a)} seeds' images together)" if len(a) > 1 else ""
+    lines += ["", f"Paired bootstrap over {first.images} images{over} (Koehn 2004): "
+                  f"{first.resamples} resamples with replacement, the same for A and B; a tie "
+                  f"counts half."]
     return "\n".join(lines) + "\n"
 
 
-def write_comparison(a_path: str | Path, b_path: str | Path, out_dir: str | Path, *,
-                     resamples: int = RESAMPLES, seed: int = 0,
+def write_comparison(a_paths: Sequence[str | Path], b_paths: Sequence[str | Path],
+                     out_dir: str | Path, *, resamples: int = RESAMPLES, seed: int = 0,
                      confidence: float = CONFIDENCE) -> tuple[Path, Path, str]:
-    """Compare, write ``compare.json`` and ``compare.md`` in ``out_dir``; (their paths, the
-    markdown)."""
-    a, b = read_evaluation(a_path), read_evaluation(b_path)
-    differences = compare(a, b, resamples=resamples, seed=seed, confidence=confidence)
+    """Compare A's evaluations with B's (one each, or one per seed), write ``compare.json`` and
+    ``compare.md`` in ``out_dir``; (their paths, the markdown)."""
+    pairs = paired([read_evaluation(p) for p in a_paths], [read_evaluation(p) for p in b_paths])
+    differences = compare_over(pairs, resamples=resamples, seed=seed, confidence=confidence)
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
     text = markdown(a, b, differences)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "compare.json", out_dir / "compare.md"
-    write_json(json_path, {"a": {"label": a.label, "folder": str(a.folder)},
-                           "b": {"label": b.label, "folder": str(b.folder)}, "seed": seed,
+    write_json(json_path, {"a": _written(a), "b": _written(b), "seed": seed,
                            "differences": [d.to_dict() for d in differences]})
     with atomic_file(md_path) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
     return json_path, md_path, text
+
+
+def _written(evaluations: Sequence[Evaluation]) -> dict:
+    """One side as compare.json holds it: its label and folder, and over seeds each seed's."""
+    side: dict[str, Any] = {"label": evaluations[0].label,
+                            "folder": str(evaluations[0].folder)}
+    if len(evaluations) > 1:
+        side |= {"folders": [str(e.folder) for e in evaluations],
+                 "seeds": [e.seed for e in evaluations]}
+    return side

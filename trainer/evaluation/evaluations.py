@@ -65,6 +65,7 @@ class Evaluation:
     label: str  # approach (training)
     image_ids: list[int]
     statistics: dict[str, np.ndarray]  # metric name -> [images, k]
+    seed: str = ""  # the training seed evaluate recorded ("" when none was)
 
 
 def read_evaluation(path: str | Path) -> Evaluation:
@@ -92,7 +93,7 @@ def read_evaluation(path: str | Path) -> Evaluation:
         statistics[name] = array
     training, _ = training_of(doc)
     label = f"{doc['approach']} ({training})" if training else doc["approach"]
-    return Evaluation(folder, label, ids, statistics)
+    return Evaluation(folder, label, ids, statistics, str(setting_of(doc).get("seed", "")))
 
 
 def aligned(a: Evaluation, b: Evaluation, name: str) -> tuple[np.ndarray, np.ndarray]:

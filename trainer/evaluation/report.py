@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -291,7 +292,9 @@ def expand_evaluations(given: Sequence[Path]) -> list[Path]:
         if not matched:
             raise CapstackError(f"{path}: no evaluation matches this pattern")
         files += [m / "metrics.json" if m.is_dir() else m for m in matched]
-    return files
+    # a folder reached twice (an experiment's link to the baseline's) is one evaluation
+    seen: set[str] = set()
+    return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
 
 
 def write_report(metric_files: list[Path], out_dir: Path, versus_xe: bool = False,
