@@ -1024,6 +1024,10 @@ def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, experime
                        parse_seeds(seeds) if seeds else ())
     for run in asked:
         where = pipeline if run is None else pipeline_of(pipeline, run)
+        if seeds and run is not None and run.name != run.group and stage not in where.own:
+            raise CapstackError(f"--seeds: experiment {run.name} does not change stage "
+                                f"'{stage}' (its seed is set on {', '.join(run.roots)}); run "
+                                f"the seeds on a stage upstream of it first")
         if len(asked) > 1 or run is not None:
             click.echo(f"== {'baseline' if run is None else f'experiment {run.name}'} "
                        f"({where.workdir})")

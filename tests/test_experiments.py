@@ -179,9 +179,8 @@ def test_removing_an_experiment_removes_only_its_outputs(project):
 
 
 def test_seeds_run_once_each_as_their_own_experiments_and_are_skipped_when_done(project):
-    out = project.stage_cmd("run", "evaluate", "--with-deps", "--name", "seed1", "--set",
-                            "seed=1", expect_ok=False).output
-    assert "has no param 'seed'" in out
+    out = project.stage_cmd("run", "evaluate", "--seeds", "1", expect_ok=False).output
+    assert "no experiment seed1 for stage 'evaluate', which has no param 'seed'" in out
     out = project.stage_cmd("run", "train", "--seeds", "0-2").output
     assert "Stage 'train' is up to date, skipping." in out  # seed 0: the baseline's run
     assert "[seed1] Running stage 'train'" in out and "[seed2] Running stage 'train'" in out
@@ -192,6 +191,14 @@ def test_seeds_run_once_each_as_their_own_experiments_and_are_skipped_when_done(
     assert "Running" not in again
     names = [line.split()[0] for line in project.stage_cmd("exp", "list").output.splitlines()]
     assert names == ["experiment", "seed1", "seed2"]
+    # a stage downstream, without a seed param, runs in each seed's experiment
+    out = project.stage_cmd("run", "evaluate", "--seeds", "0-2").output
+    assert "[seed1] Running stage 'evaluate'" in out and "[seed2] Running stage 'evaluate'" in out
+    assert "Stage 'evaluate' is up to date, skipping." in out  # seed 0: the baseline's
+    refused = project.stage_cmd("run", "evaluate", "--seeds", "0-3", expect_ok=False).output
+    assert "no experiment seed3" in refused
+    upstream = project.stage_cmd("run", "prepare", "--seeds", "0,1", expect_ok=False).output
+    assert "experiment seed1 does not change stage 'prepare'" in upstream
 
 
 def test_a_stage_is_told_its_experiment_and_a_seed_its_group(project):

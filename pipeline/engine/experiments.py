@@ -328,8 +328,10 @@ def runs_asked(pipeline: Pipeline, stage_name: str, assignments: Iterable[str],
     if not seeds:
         return [open_experiment(workdir, group, params, roots) if group else None]
     if "seed" not in stage.params:
-        raise CapstackError(f"--seeds: stage '{stage_name}' in {file.path} has no param 'seed' "
-                            f"(params: {', '.join(stage.params) or 'none'})")
+        if asked:
+            raise CapstackError(f"--seeds with --set: stage '{stage_name}' has no param 'seed'; "
+                                f"set the params and seeds on a stage that has one")
+        return [_seed_run(file, workdir, group, seed, stage_name) for seed in seeds]
     if "seed" in asked:
         raise CapstackError("--seeds with a seed set (--set seed=...): give the seeds only")
     own_seed = params.get("seed", stage.params["seed"])  # the group's seed: the group itself
@@ -342,3 +344,22 @@ def runs_asked(pipeline: Pipeline, stage_name: str, assignments: Iterable[str],
                                         f"seed{seed}", {**params, "seed": seed}, roots,
                                         group=group))
     return runs
+
+
+def _seed_run(file: StagesFile, workdir: Path, group: str, seed: int,
+              stage_name: str) -> Experiment | None:
+    """Where a stage without a seed param runs at ``seed``: the seed's experiment, made on a
+    stage upstream that has one (``capstack run train@X --seeds ...``), or the group itself
+    (``None``: the baseline) at the seed the group has there."""
+    name = f"{group}-seed{seed}" if group else f"seed{seed}"
+    if (folder_of(workdir, name) / MANIFEST).is_file():
+        return read_experiment(workdir, name)
+    group_params = read_experiment(workdir, group).params if group else {}
+    own = {group_params.get("seed", file.stages[r].params["seed"])
+           for e in experiments(workdir) if e.group == group and e.name != group
+           for r in e.roots if r in file.stages and "seed" in file.stages[r].params}
+    if own == {seed}:
+        return read_experiment(workdir, group) if group else None
+    raise CapstackError(f"--seeds: no experiment {name} for stage '{stage_name}', which has no "
+                        f"param 'seed': run the seeds on a stage upstream that has one first "
+                        f"(`capstack run STAGE --seeds ...`), then this stage over them")
