@@ -807,8 +807,9 @@ def cider_cache_cmd(prepared, split, out):
               metavar="A B", help="Two evaluation folders of the same images: A - B per value, "
                                   "its interval and how often A is ahead, by the paired "
                                   "bootstrap over the images (OUT/compare.md, compare.json). "
-                                  "A pattern for each side ('exps/seed*/evals/top_down'): "
-                                  "every seed's images, seed paired with seed.")
+                                  "Each side may be several, by a pattern "
+                                  "('exps/seed*/evals/top_down') or commas: every seed's "
+                                  "images, seed paired with seed.")
 @click.option("--resamples", default=1000, show_default=True, type=click.IntRange(1, 100_000),
               help="--compare: bootstrap resamples.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1),
@@ -839,7 +840,7 @@ def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe, baseline):
         from trainer.evaluation.compare import write_comparison
         from trainer.evaluation.report import expand_evaluations
 
-        a, b = (expand_evaluations([side]) for side in compare)
+        a, b = (expand_evaluations(str(side).split(",")) for side in compare)
         json_path, md_path, text = write_comparison(a, b, out_dir, resamples=resamples,
                                                     seed=seed)
         click.echo(text.rstrip())

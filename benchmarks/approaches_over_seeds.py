@@ -1,41 +1,46 @@
-"""Every approach of the demo, XE then RL (and adversarial), over seeds: means, spreads, orderings.
+"""Every approach of the demo, XE then RL (and adversarial), over seeds, through capstack's CLI.
 
-After `make demo` (its cached features, prepared captions and CIDEr cache),
-trains each experiment of configs/experiments/ with cross-entropy, then every
-phase stages.yaml trains from that XE run with the same overrides its stage
-passes (`rl@NAME`: SCST or C2F; `rl_mix@NAME`: SCST on a mixed reward;
-`adversarial@NAME`: HACap's adversarial phase), from the same XE start, at each
-seed; evaluates every run with beam search on the test split. Prints test CIDEr per
-seed, mean +- std per row, RL - XE per approach, and each ordering the papers report
-with its margin in units of the larger of the two rows' spreads (std over seeds).
-Runs that finished are reused, so an interrupted benchmark resumes; results go to
-OUT/results.json, beside those of approaches an earlier --only run measured.
+After `make demo` (its cached features, prepared captions and CIDEr cache), for each approach
+(or variant) this runs, in the workdir:
 
-A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment that
-``extends:`` the approach's and changes what its name says), is a row of its own:
-``--only stack_cap stack_cap+feature_embed`` trains both, the variant with its
-approach's stage settings, and prints what the change did, in spreads.
+    capstack run train@NAME --seeds 0,1,2 [--name VARIANT --set config=FILE]
+    capstack run rl@NAME --seeds 0,1,2 [--name VARIANT]         (and rl_mix@, adversarial@)
+    capstack run evaluate@NAME[-rl,...] --seeds 0,1,2 [--name VARIANT]
 
-    python benchmarks/approaches_over_seeds.py [--seeds 0 1 2] [--out runs/seeds]
-        [--only show_tell soft_attention stack_cap+feature_embed]
+so each seed other than the stage's own is an experiment (exps/seedS/, exps/VARIANT-seedS/)
+and every run already done is skipped: an interrupted benchmark resumes. Then
+
+    capstack report EVALUATIONS... --versus-xe --out OUT
+
+puts every row over its seeds (test CIDEr mean ± std, n), each RL row against its XE row with the
+paired bootstrap over every seed's test images, and, for each ordering the papers report and
+each variant against its paper row,
+
+    capstack report --compare A_SEEDS B_SEEDS --out OUT/compare/A-vs-B
+
+gives the difference, its 95 % interval and the share of resamples in which it holds. This
+script only chooses what to run and compare; every figure is the CLI's.
+
+A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment file that
+``extends:`` the approach's and changes what its name says), is the named experiment
+``APPROACH+WHAT`` of the approach's stages with ``config`` set to that file.
+
+    python benchmarks/approaches_over_seeds.py [--seeds 0,1,2] [--out reports/seeds]
+        [--only show_tell soft_attention stack_cap+feature_embed] [--xe-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.config import load_experiment  # noqa: E402
 from trainer.decoders import DECODERS  # noqa: E402
-from trainer.evaluation.evaluate import evaluate_checkpoint  # noqa: E402
-from trainer.train import train  # noqa: E402
 
 # (better, worse, what the papers say); ">=" rows are "at least as good", "~" rows "about equal"
 ORDERINGS = [
@@ -49,156 +54,116 @@ ORDERINGS = [
     ("hacap", "soft_attention", "~", "HACap ~ Soft (HACap gives no numbers; it calls its BLEU "
                                      "'not so satisfying')"),
 ]
+# the phases after XE: the stage family that trains each, its evaluation's suffix
+PHASES = (("rl", "-rl"), ("rl_mix", "-rl-mix"), ("adversarial", "-adv"))
+VARIANTS = ROOT / "configs" / "experiments" / "variants"
 
 
-# the phases a run can have after XE, each the stage family that trains it from train@NAME
-PHASES = (("rl", "rl"), ("mix", "rl_mix"), ("adv", "adversarial"))
+def capstack(*args: str, workdir: Path) -> str:
+    """Run one capstack command in ``workdir``, its output shown and returned."""
+    command = [sys.executable, str(ROOT / "cli.py"), *args]
+    print("$ capstack " + " ".join(args), flush=True)
+    done = subprocess.run(command, cwd=workdir, text=True, stdout=subprocess.PIPE)
+    print(done.stdout, end="", flush=True)
+    if done.returncode != 0:
+        raise SystemExit(f"capstack {' '.join(args)}: exited with status {done.returncode}")
+    return done.stdout
 
 
-def stage_settings(stages_file: Path) -> dict[str, list[str]]:
-    """Every train-command stage's ``--set`` overrides, by stage name, as the stages file
-    resolves them (vars, foreach, params): the benchmark trains what the stages train."""
-    from cli import stage_commands
-    from pipeline.engine.stagefile import load_stages_file
-
-    stages = load_stages_file(stages_file, stage_commands()).stages
-    return {name: [a for prev, a in zip(st.argv, st.argv[1:]) if prev == "--set"]
-            for name, st in stages.items() if st.command == "train"}
+def stage_names(workdir: Path) -> set[str]:
+    listing = json.loads(subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "stages", "--json"], cwd=workdir, check=True,
+        text=True, stdout=subprocess.PIPE).stdout)
+    return set(listing)
 
 
-def seeded(overrides: list[str], seed: int, start: Path | None = None) -> list[str]:
-    """A stage's overrides at ``seed``, starting from ``start`` (the seed's own XE run)."""
-    kept = [o for o in overrides if not o.startswith(("train.seed=", "train.init_from="))]
-    return kept + [f"train.seed={seed}"] + ([f"train.init_from={start}"] if start else [])
-
-
-def label(overrides: list[str]) -> str:
-    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("objective.name=")), "xe")
-    return name.upper()
-
-
-def run_once(experiment: Path, run: Path, overrides: list[str]) -> float:
-    """Train (or resume a finished run) and evaluate: test CIDEr x 100, beam from the config.
-    An evaluation newer than the run's best checkpoint is read, not redone."""
-    train(load_experiment(experiment, overrides), run, progress=False)
-    scored = run / "eval" / "metrics.json"
-    if scored.is_file() and scored.stat().st_mtime > (run / "best.pt").stat().st_mtime:
-        return 100 * json.loads(scored.read_text())["metrics"]["CIDEr"]
-    return 100 * evaluate_checkpoint(run, run / "eval", figures=0, spice=False)["metrics"]["CIDEr"]
-
-
-EXPERIMENTS = ROOT / "configs" / "experiments"
-
-
-def approach_of(name: str) -> str:
-    """The approach a row trains as: a variant APPROACH+WHAT trains as APPROACH."""
-    return name.split("+", 1)[0]
-
-
-def experiment_file(name: str) -> Path:
-    """An approach's experiment, or a variant's (configs/experiments/variants/)."""
-    path = EXPERIMENTS / ("variants" if "+" in name else "") / f"{name}.yaml"
+def variant_file(name: str) -> Path:
+    path = VARIANTS / f"{name}.yaml"
     if not path.is_file():
-        raise SystemExit(f"{path}: no such experiment (approaches: {', '.join(DECODERS)}; "
+        raise SystemExit(f"{path}: no such variant (approaches: {', '.join(DECODERS)}; "
                          f"variants: configs/experiments/variants/APPROACH+WHAT.yaml)")
     return path
 
 
-def collect(names: list[str], seeds: list[int], out: Path, rl_too: bool = True) -> dict:
-    settings = stage_settings(ROOT / "stages.yaml")
-    results = {}
-    for name in names:
-        experiment, approach = experiment_file(name), approach_of(name)
-        phases = [(key, settings[f"{family}@{approach}"]) for key, family in PHASES
-                  if rl_too and f"{family}@{approach}" in settings]
-        entry = results.setdefault(name, {"xe": [], "rl": [], "objective": "-"})
-        for seed in seeds:
-            xe_run = out / f"{name}-seed{seed}"
-            xe = run_once(experiment, xe_run, seeded(settings.get(f"train@{approach}", []), seed))
-            entry["xe"].append(xe)
-            line = f"seed {seed} {name:>15}: test CIDEr XE {xe:5.1f}"
-            for key, overrides in phases:
-                suffix = {"rl": "rl", "mix": "rl-mix", "adv": "adv"}[key]
-                score = run_once(experiment, out / f"{name}-{suffix}-seed{seed}",
-                                 seeded(overrides, seed, xe_run / "best.pt"))
-                entry.setdefault(key, []).append(score)
-                entry["objective" if key == "rl" else f"{key}_objective"] = label(overrides)
-                line += f"  {label(overrides) if key != 'mix' else 'MIX'} {score:5.1f}"
-            if not any(key == "rl" for key, _ in phases):
-                entry["rl"].append(float("nan"))
-            print(line, flush=True)
-    return results
+def folders(name: str, suffix: str, seeds: list[int]) -> list[str]:
+    """The evaluation folders of row ``name`` (an approach or a variant) over ``seeds``: the
+    stage's own seed 0 in the workdir (a variant's: its experiment), others their seeds'."""
+    approach, variant = name.split("+", 1)[0], "+" in name
+    folder = f"evals/{approach}{suffix}"
+    group = f"exps/{name}/" if variant else ""
+    return [f"{group}{folder}" if seed == 0 else
+            f"exps/{name + '-' if variant else ''}seed{seed}/{folder}" for seed in seeds]
 
 
-def spread(values) -> float:
-    return float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+def run_row(name: str, seeds: list[int], workdir: Path, stages: set[str], rl_too: bool
+            ) -> list[str]:
+    """Train and evaluate one row at every seed; the suffixes of the phases it has."""
+    approach = name.split("+", 1)[0]
+    seeded = ["--seeds", ",".join(map(str, seeds))]
+    named = ["--name", name] if "+" in name else []
+    config = (["--set", f"config={variant_file(name).relative_to(ROOT)}"] if "+" in name
+              else [])
+    capstack("run", f"train@{approach}", *seeded, *named, *config, workdir=workdir)
+    capstack("run", f"evaluate@{approach}", *seeded, *named, workdir=workdir)
+    suffixes = [""]
+    for family, suffix in PHASES if rl_too else ():
+        if f"{family}@{approach}" in stages and f"evaluate@{approach}{suffix}" in stages:
+            capstack("run", f"{family}@{approach}", *seeded, *named, workdir=workdir)
+            capstack("run", f"evaluate@{approach}{suffix}", *seeded, *named, workdir=workdir)
+            suffixes.append(suffix)
+    return suffixes
 
 
-def verdict(a: np.ndarray, b: np.ndarray, relation: str) -> tuple[float, float, str]:
-    """Mean margin a - b, that margin in units of the larger spread, and whether the relation
-    holds: ">" by more than one spread, ">=" not below by more than one, "~" within one."""
-    margin = float(a.mean() - b.mean())
-    units = margin / max(spread(a), spread(b))
-    holds = {">": units > 1, ">=": units > -1, "~": abs(units) <= 1}[relation]
-    return margin, units, "holds" if holds else "does not hold"
+def compare(a: list[str], b: list[str], out: Path, workdir: Path) -> dict:
+    """``capstack report --compare`` over seeds: CIDEr's difference, interval, share."""
+    capstack("report", "--compare", ",".join(a), ",".join(b), "--out", str(out),
+             workdir=workdir)
+    written = json.loads((workdir / out / "compare.json").read_text())
+    return next(d for d in written["differences"] if d["value"] == "CIDEr")
 
 
-def report(results: dict) -> None:
-    print(f"\n{'approach':>15} {'XE':>12} {'RL':>17} {'RL - XE':>14}")
-    for name, r in results.items():
-        xe, rl = np.array(r["xe"]), np.array(r["rl"])
-        gain = rl - xe
-        adv, mix = np.array(r.get("adv", [])), np.array(r.get("mix", []))
-        print(f"{name:>15} {xe.mean():5.1f} ± {spread(xe):4.1f} "
-              f"{r['objective'].upper():>4} {rl.mean():5.1f} ± {spread(rl):4.1f} "
-              f"{gain.mean():+6.1f} ± {spread(gain):4.1f}"
-              + (f"   Adv {adv.mean():5.1f} ± {spread(adv):4.1f}" if adv.size else "")
-              + (f"   mixed reward {mix.mean():5.1f} ± {spread(mix):4.1f}" if mix.size else ""))
-    blocks = ["xe"] + (["rl"] if all(np.isfinite(r["rl"]).all() for r in results.values()) else [])
-    for block in blocks:
-        print(f"\nordering (test CIDEr, {block.upper()}; margin in units of the larger spread)")
-        for better, worse, relation, said in ORDERINGS:
-            if better in results and worse in results:
-                margin, units, holds = verdict(np.array(results[better][block]),
-                                               np.array(results[worse][block]), relation)
-                print(f"  {said}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
-    variants = [(name, approach_of(name)) for name in results
-                if "+" in name and approach_of(name) in results]
-    for block in blocks if variants else []:
-        print(f"\nvariants against their paper rows (test CIDEr, {block.upper()})")
-        for name, approach in variants:
-            margin, units, _ = verdict(np.array(results[name][block]),
-                                       np.array(results[approach][block]), "~")
-            print(f"  {name} - {approach}: {margin:+.1f} ({units:+.1f} spreads)")
-    if "rl" in blocks:
-        print("\nRL > XE (each approach's RL run against its own XE start)")
-        for name, r in results.items():
-            margin, units, holds = verdict(np.array(r["rl"]), np.array(r["xe"]), ">")
-            print(f"  {name}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
-        for name, r in results.items():
-            if r.get("mix"):
-                margin, units, holds = verdict(np.array(r["mix"]), np.array(r["rl"]), "~")
-                print(f"  mixed reward ~ CIDEr-D reward, {name}: {margin:+.1f} "
-                      f"({units:+.1f} spreads) -> {holds}")
-        for name, r in results.items():
-            if r.get("adv"):
-                margin, units, holds = verdict(np.array(r["adv"]), np.array(r["xe"]), ">")
-                print(f"  Adv > XE, {name}: {margin:+.1f} ({units:+.1f} spreads) -> {holds}")
+def verdict(d: dict, relation: str) -> str:
+    """Whether the relation holds on the interval: ">" above 0, ">=" not below 0, "~" around
+    0."""
+    holds = {">": d["low"] > 0, ">=": d["high"] > 0, "~": d["low"] <= 0 <= d["high"]}[relation]
+    return (f"{100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}], "
+            f"ahead in {100 * d['share']:.0f}% -> {'holds' if holds else 'does not hold'}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--out", type=Path, default=Path("runs/seeds"))
-    ap.add_argument("--only", nargs="+", default=None, help="these approaches (default: all)")
+    ap.add_argument("--seeds", default="0,1,2", help="seeds, as capstack run --seeds takes them")
+    ap.add_argument("--out", type=Path, default=Path("reports/seeds"))
+    ap.add_argument("--workdir", type=Path, default=ROOT)
+    ap.add_argument("--only", nargs="+", default=None, help="these rows (default: every "
+                                                            "approach)")
     ap.add_argument("--xe-only", action="store_true", help="train and evaluate XE runs only")
     args = ap.parse_args()
-    names = args.only or list(DECODERS)
-    saved = args.out / "results.json"
-    earlier = json.loads(saved.read_text()) if saved.is_file() else {}
-    results = {**earlier, **collect(names, args.seeds, args.out, rl_too=not args.xe_only)}
-    saved.write_text(json.dumps(results, indent=1))  # approaches run before (--only) are kept
-    report(results)
+    from pipeline.engine.experiments import parse_seeds
+
+    seeds, workdir = parse_seeds(args.seeds), args.workdir.resolve()
+    names, stages = args.only or list(DECODERS), stage_names(workdir)
+    rows = {name: run_row(name, seeds, workdir, stages, not args.xe_only) for name in names}
+    evaluations = [",".join(folders(name, suffix, seeds)) for name, suffixes in rows.items()
+                   for suffix in suffixes]
+    capstack("report", *[f for e in evaluations for f in e.split(",")], "--versus-xe",
+             "--out", str(args.out), workdir=workdir)
+    blocks = [""] + (["-rl"] if not args.xe_only else [])
+    pairs = [(a, b, relation, said) for a, b, relation, said in ORDERINGS
+             if a in rows and b in rows]
+    pairs += [(name, name.split("+", 1)[0], "~", f"{name} ~ {name.split('+', 1)[0]}")
+              for name in rows if "+" in name and name.split("+", 1)[0] in rows]
+    lines = []
+    for suffix in blocks:
+        for a, b, relation, said in pairs:
+            if suffix in rows[a] and suffix in rows[b]:
+                d = compare(folders(a, suffix, seeds), folders(b, suffix, seeds),
+                            args.out / "compare" / f"{a}{suffix}-vs-{b}{suffix}", workdir)
+                lines.append(f"  {said} ({'XE' if not suffix else suffix[1:].upper()}): "
+                             f"{verdict(d, relation)}")
+    print(f"\ntest CIDEr differences over seeds {args.seeds} (paired bootstrap over every "
+          f"seed's images, 95% interval):")
+    print("\n".join(lines) or "  (no ordering between the rows run)")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.approaches_over_seeds import seeded, spread, stage_settings  # noqa: E402
 from trainer.config import load_experiment  # noqa: E402
 from trainer.evaluation.evaluate import evaluate_checkpoint  # noqa: E402
 from trainer.train import train  # noqa: E402
@@ -51,6 +50,27 @@ PHASES = ("ml", "adv", "control")
 FIGURES = (("CIDEr", "CIDEr", 100), ("BLEU-4", "BLEU-4", 100), ("distinct-1", "distinct-1", 100),
            ("distinct-2", "distinct-2", 100), ("words", "vocab_used", 1),
            ("unique", "unique_captions", 100))
+
+
+def stage_settings(stages_file: Path) -> dict[str, list[str]]:
+    """Every train-command stage's ``--set`` overrides, by stage name, as the stages file
+    resolves them (vars, foreach, params): the benchmark trains what the stages train."""
+    from cli import stage_commands
+    from pipeline.engine.stagefile import load_stages_file
+
+    stages = load_stages_file(stages_file, stage_commands()).stages
+    return {name: [a for prev, a in zip(st.argv, st.argv[1:]) if prev == "--set"]
+            for name, st in stages.items() if st.command == "train"}
+
+
+def seeded(overrides: list[str], seed: int, start: Path | None = None) -> list[str]:
+    """A stage's overrides at ``seed``, starting from ``start`` (the seed's own XE run)."""
+    kept = [o for o in overrides if not o.startswith(("train.seed=", "train.init_from="))]
+    return kept + [f"train.seed={seed}"] + ([f"train.init_from={start}"] if start else [])
+
+
+def spread(values) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
 
 
 def control_of(adversarial: list[str]) -> list[str]:

@@ -447,7 +447,10 @@ def _expand(path: Path, name: Any, body: Any) -> list[StageTemplate]:
         values = _check_params(path, f"{where}.foreach.{key}", values or {})
         template = _check_stage(path, f"{name}@{key}", body.get("do"))
         loop = {"key": str(key), **{f"item.{k}": v for k, v in values.items()}}
-        templates.append(StageTemplate(**{**template.__dict__, "loop": loop}))
+        # an entry's own params may name its key and items: config: configs/${key}.yaml
+        params = {k: _substitute(path, f"{where}.do.params.{k}", v, loop, {}, False)
+                  if isinstance(v, str) else v for k, v in template.params.items()}
+        templates.append(StageTemplate(**{**template.__dict__, "loop": loop, "params": params}))
     return templates
 
 

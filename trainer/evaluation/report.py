@@ -293,8 +293,10 @@ def expand_evaluations(given: Sequence[Path]) -> list[Path]:
             raise CapstackError(f"{path}: no evaluation matches this pattern")
         files += [m / "metrics.json" if m.is_dir() else m for m in matched]
     # a folder reached twice (an experiment's link to the baseline's) is one evaluation
-    seen: set[str] = set()
-    return [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
+    once: dict[str, Path] = {}
+    for f in files:
+        once.setdefault(os.path.realpath(f), f)
+    return list(once.values())
 
 
 def write_report(metric_files: list[Path], out_dir: Path, versus_xe: bool = False,
