@@ -132,7 +132,8 @@ def verdict(d: dict, relation: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0,1,2", help="seeds, as capstack run --seeds takes them")
+    ap.add_argument("--seeds", nargs="+", default=["0,1,2"],
+                    help="seeds: 0,1,2 or 0-2 (as capstack run --seeds), or 0 1 2")
     ap.add_argument("--out", type=Path, default=Path("reports/seeds"))
     ap.add_argument("--workdir", type=Path, default=ROOT)
     ap.add_argument("--only", nargs="+", default=None, help="these rows (default: every "
@@ -141,7 +142,7 @@ def main() -> None:
     args = ap.parse_args()
     from pipeline.engine.experiments import parse_seeds
 
-    seeds, workdir = parse_seeds(args.seeds), args.workdir.resolve()
+    seeds, workdir = parse_seeds(",".join(args.seeds)), args.workdir.resolve()
     names, stages = args.only or list(DECODERS), stage_names(workdir)
     rows = {name: run_row(name, seeds, workdir, stages, not args.xe_only) for name in names}
     evaluations = [",".join(folders(name, suffix, seeds)) for name, suffixes in rows.items()
@@ -161,7 +162,10 @@ def main() -> None:
                             args.out / "compare" / f"{a}{suffix}-vs-{b}{suffix}", workdir)
                 lines.append(f"  {said} ({'XE' if not suffix else suffix[1:].upper()}): "
                              f"{verdict(d, relation)}")
-    print(f"\ntest CIDEr differences over seeds {args.seeds} (paired bootstrap over every "
+    groups = [f"{n + '-' if '+' in n else ''}seed{s}" for n in rows for s in seeds if s != 0]
+    groups = list(dict.fromkeys(groups + [n for n in rows if "+" in n]))
+    capstack("exp", "show", *groups, workdir=workdir)  # each seed's row, beside seed 0's
+    print(f"\ntest CIDEr differences over seeds {seeds} (paired bootstrap over every "
           f"seed's images, 95% interval):")
     print("\n".join(lines) or "  (no ordering between the rows run)")
 

@@ -277,9 +277,21 @@ def test_the_shipped_approach_list_gives_the_stages_written_out_before_it():
                      "report"}  # each RL row against its XE row since (--versus-xe)
     for name, stage in before.stages.items():
         if name not in changed_since:
-            assert now.stages[name] == _rewarded(stage), name
+            assert _config_written(now.stages[name], _rewarded(stage)) == _rewarded(stage), name
     kept = [d for d in now.stages["tables"].deps if d in before.stages["tables"].deps]
     assert kept == list(before.stages["tables"].deps)
+
+
+def _config_written(stage, before):
+    """A training stage as written before its experiment file became its param ``config``
+    (so that a named experiment can set a variant's file): the same command once resolved."""
+    from dataclasses import replace
+
+    if "config" not in stage.params:
+        return stage
+    assert stage.params["config"] == f"configs/experiments/{stage.params['key']}.yaml"
+    return replace(stage, cmd_template=before.cmd_template,
+                   params={k: v for k, v in stage.params.items() if k != "config"})
 
 
 def test_shipped_stages_files_and_experiments_are_valid():
@@ -401,3 +413,29 @@ def test_setting_region_source_in_coco_yaml_imports_instead_of_extracting(tmp_pa
     assert set(stages.upstream["train@bottom_up/top_down"]) == {"import_regions", "prepare"}
     assert stages.stage("import_regions").argv[:3] == ("import-features", "butd-tsv",
                                                        "/data/bottom-up/trainval")
+
+
+def test_a_foreach_entrys_params_may_name_its_key_and_items(tmp_path):
+    from cli import main
+    from pipeline.engine.stagefile import load_stages_file
+
+    path = tmp_path / "stages.yaml"
+    family = """
+  train:
+    foreach: {a: {depth: 2}, b: {depth: 3}}
+    do:
+      cmd: capstack train ${config} --out runs/${key}
+      params: {config: "configs/${key}-${item.depth}.yaml"}
+      deps:
+        - ${config}
+      outs:
+        - runs/${key}
+"""
+    path.write_text(GOOD + family)
+    stages = load_stages_file(path, main.commands).stages
+    assert stages["train@b"].argv[1] == "configs/b-3.yaml"
+    assert stages["train@a"].deps == ("configs/a-2.yaml",)
+    path.write_text(GOOD + family.replace("${item.depth}", "${min_count}"))
+    with pytest.raises(CapstackError, match=r"stages.train.do.params.config: unknown param "
+                                            r"\$\{min_count\}"):
+        load_stages_file(path, main.commands)

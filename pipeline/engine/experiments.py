@@ -225,14 +225,20 @@ class ExperimentPipeline(Pipeline):
         return super().own_status(stage, record)
 
     def statuses(self) -> dict[str, StageStatus]:
-        mirror(self.baseline.workdir, self.workdir, self.own_outs())
+        self.refresh_links()
         return super().statuses()
+
+    def refresh_links(self) -> None:
+        """Make the folder show what the baseline (or the group's experiment) holds now."""
+        if isinstance(self.baseline, ExperimentPipeline):
+            self.baseline.refresh_links()
+        mirror(self.baseline.workdir, self.workdir, self.own_outs())
 
     # -- running -----------------------------------------------------------------------------
     def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
         if stage.name not in self.own:
             return self.baseline._run_one(self.baseline.file.stage(stage.name), force, report)
-        mirror(self.baseline.workdir, self.workdir, self.own_outs())
+        self.refresh_links()
         return super()._run_one(stage, force,
                                 lambda m: report(f"[{self.experiment.name}] {m}"))
 

@@ -219,9 +219,11 @@ def _unavailable_lines(docs: list[dict]) -> list[str]:
 
 def _kept_start_lines(docs: list[dict]) -> list[str]:
     """Rows whose best checkpoint is still the one their run started from (epoch 0), said."""
-    return [f"{d['approach']} ({training_of(d)[0]}): no epoch beat the checkpoint it started "
-            f"from on validation CIDEr; the row is that start checkpoint"
-            for d in docs if d.get("epoch") == 0]
+    return [f"{d['approach']} ({training_of(d)[0]}"
+            f"{', experiment ' + e if (e := setting_of(d).get('experiment')) else ''}"
+            f"{', seed ' + str(setting_of(d)['seed']) if 'seed' in setting_of(d) else ''}): no "
+            f"epoch beat the checkpoint it started from on validation CIDEr; the row is that "
+            f"start checkpoint" for d in docs if d.get("epoch") == 0]
 
 
 def _cell(value: Any) -> str:
