@@ -1029,9 +1029,9 @@ def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, experime
             raise CapstackError(f"--seeds: experiment {run.name} does not change stage "
                                 f"'{stage}' (its seed is set on {', '.join(run.roots)}); run "
                                 f"the seeds on a stage upstream of it first")
-        if len(asked) > 1 or run is not None:
-            click.echo(f"== {'baseline' if run is None else f'experiment {run.name}'} "
-                       f"({where.workdir})")
+        if len(asked) > 1 or run is not None:  # where each run's outs go
+            click.echo("== baseline" if run is None else
+                       f"== experiment {run.name}: {where.workdir.relative_to(pipeline.workdir)}/")
         where.run(stage, force=force, with_deps=with_deps, report=click.echo)
 
 

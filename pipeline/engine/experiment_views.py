@@ -83,28 +83,39 @@ def listing(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[lis
 
 def show(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[str]]:
     """``exp show``: one row per evaluation an experiment has of its own, after the baseline's
-    row for the same stage: the settings that differ (a column each), the stage's state, its
-    metrics in percent."""
+    row for the same stage: the value of each param an experiment sets (a column each), as
+    each has it, the stage's state, its metrics in percent. A group's seeds follow it."""
+    pipelines = sorted(pipelines, key=lambda p: (p.experiment.group,
+                                                 p.experiment.name != p.experiment.group,
+                                                 p.experiment.name))
     keys = list(dict.fromkeys(k for p in pipelines for k in p.experiment.params))
+    roots = list(dict.fromkeys(r for p in pipelines for r in p.experiment.roots))
     rows = [["experiment", "evaluation", *keys, "state", *SHOWN_METRICS]]
     baseline_states, baseline_metrics = baseline.statuses(), evaluations(baseline)
-    seen = [(p, p.statuses(), evaluations(p, p.own), baseline_values(baseline, p.experiment))
-            for p in pipelines]
+    seen = [(p, p.statuses(), evaluations(p, p.own)) for p in pipelines]
     for stage in baseline.file.order:
-        shown = [(p, states, own, was) for p, states, own, was in seen
+        shown = [(p, states, own) for p, states, own in seen
                  if stage in p.own and (stage in own or _is_evaluation(p, stage)
                                         and states[stage].state != NEVER_RUN)]
         if shown:
-            was = {k: v for *_, w in reversed(shown) for k, v in w.items()}
-            rows.append([BASELINE, stage, *(str(was.get(k, "")) for k in keys),
+            rows.append([BASELINE, stage, *effective_values(baseline, stage, keys, roots),
                          baseline_states[stage].state,
                          *(percent(baseline_metrics.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
-        for p, states, own, was in shown:
-            rows.append([p.experiment.name, stage,
-                         *(str(p.experiment.params.get(k, was.get(k, ""))) for k in keys),
+        for p, states, own in shown:
+            rows.append([p.experiment.name, stage, *effective_values(p, stage, keys, roots),
                          states[stage].state,
                          *(percent(own.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
     return rows
+
+
+def effective_values(pipeline: Pipeline, stage: str, keys: list[str], roots: list[str]
+                     ) -> list[str]:
+    """Each param ``key`` as ``pipeline`` runs ``stage``: its value on the first of ``roots``
+    that is the stage or upstream of it and has the param ("" where none does)."""
+    upstream = {stage, *pipeline.upstream_closure(stage)}
+    stages = pipeline.file.stages
+    return [next((str(stages[r].params[k]) for r in roots
+                  if r in upstream and k in stages[r].params), "") for k in keys]
 
 
 def _is_evaluation(pipeline: Pipeline, stage: str) -> bool:
