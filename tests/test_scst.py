@@ -13,7 +13,8 @@ from pipeline.captions.vocab import EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
 from trainer.decode import sample
-from trainer.objectives.scst import generated_mask, mean_of_others, scst_loss, words_and_lengths
+from trainer.objectives.scst import (drawn_mask, generated_mask, mean_of_others, scst_loss,
+                                     words_and_lengths)
 from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
 from trainer_fixtures import (cider_d, make_decoder, make_prepared, teacher_forced,
@@ -55,6 +56,28 @@ def test_generated_tokens_and_words():
                                                [True, True, False, False], [True] * 4]
     words, lengths = words_and_lengths(tokens)
     assert lengths.tolist() == [2, 1, 4] and words[0].tolist() == [5, 6, 0, 0]
+
+
+def test_the_eos_forced_after_max_len_words_is_not_reinforced():
+    """A sampled caption that runs to max_len words gets <eos> forced (decoding allows nothing
+    else), with the model's log P(<eos>) recorded: the policy never drew it, so its gradient
+    leaves P(<eos>) alone; an <eos> the policy drew earlier is reinforced as any word."""
+    torch.manual_seed(0)
+    model = make_decoder("show_tell", {"embed": 8, "hidden": 8, "dropout": 0.0}, 12, 8)
+    with torch.no_grad():  # never end by choice: the captions run to max_len words
+        model.out.bias[EOS_ID] = -1e4  # P(<eos>) underflows: forced all the same
+    feats, mask = torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.bool)
+    drawn = sample(model, model.encode(feats, mask), 4, n=2)
+    assert drawn.tokens.shape[1] == 5 and (drawn.tokens[:, 4] == EOS_ID).all()
+    assert drawn_mask(drawn.tokens, 4).tolist() == [[True] * 4 + [False]] * 4
+    loss = scst_loss(drawn.logprobs, drawn_mask(drawn.tokens, 4), torch.ones(4))
+    loss.backward(retain_graph=True)
+    assert model.out.bias.grad[EOS_ID].abs() < 1e-6  # no term pulls at the forced word
+    model.zero_grad()
+    scst_loss(drawn.logprobs, generated_mask(drawn.tokens), torch.ones(4)).backward()
+    assert model.out.bias.grad[EOS_ID] < -1e-6  # what the forced word's term would do
+    ended = torch.tensor([[5, EOS_ID, PAD_ID, PAD_ID, PAD_ID]])  # an <eos> drawn before max_len
+    assert drawn_mask(ended, 4).tolist() == [[True, True, False, False, False]]
 
 
 @pytest.fixture(scope="module")

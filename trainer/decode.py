@@ -78,6 +78,8 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
     def pick(logp: Tensor, t: int) -> Tensor:
         if forced is not None and t < forced.shape[1]:
             return forced[:, t]
+        if t >= max_len:  # only <eos> may follow max_len words: no draw (its probability
+            return torch.full_like(logp[:, 0], EOS_ID, dtype=torch.long)  # may underflow)
         # logp is normalised already: at temperature 1 its exp is the distribution
         probs = logp.exp() if temperature == 1 else torch.softmax(logp / temperature, 1)
         if noise is None:

@@ -55,7 +55,7 @@ from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import StepKey
 from trainer.objectives.discriminator_rounds import (DiscriminatorSchedule, TrainsDiscriminator,
                                                      dropout_off, with_bos)
-from trainer.objectives.scst import generated_mask
+from trainer.objectives.scst import drawn_mask, generated_mask
 from trainer.rewards.intrinsic import intrinsic_rewards
 
 INTERLUDE_PART = 20  # LeakGAN's pre_train_epoch: num_batch / 20 batches
@@ -150,15 +150,19 @@ class Adversarial(TrainsDiscriminator):
         horizon = decoder.config.horizon
         q_per_goal = q.repeat_interleave(horizon, 1)[:, :tokens.shape[1]]  # [N, T]
         output = decoder(ctx, with_bos(tokens))
-        mask = generated_mask(tokens)
+        mask = generated_mask(tokens)  # the caption, for the MANAGER's goals
+        drawn = drawn_mask(tokens, self.setting.max_len)  # the words the WORKER drew
         last = mask.sum(1)
         count = share.global_count(mask.sum())
         goals, features = output.extras["goals"], output.extras["features"]
         manager = -(q_per_goal * manager_cosines(features, goals, horizon, last)).sum()
         logp = torch.log_softmax(output.logits.float(), 2).gather(2, tokens[:, :, None]).squeeze(2)
         intrinsic = intrinsic_rewards(features, goals, horizon, last).detach()
-        advantage = minus_mean(intrinsic, mask, share, count) if c.baseline == "mean" else intrinsic
-        worker = -(advantage * logp * mask).sum()
+        if c.baseline == "mean":
+            advantage = minus_mean(intrinsic, drawn, share, share.global_count(drawn.sum()))
+        else:
+            advantage = intrinsic
+        worker = -(advantage * logp * drawn).sum()
         loss = (manager + worker) / count
         weight = share.weight / (share.images * s)
         return loss, {"d_sample": float(values[:, -1].sum()) * weight,

@@ -31,7 +31,7 @@ from trainer.decoders.base import StagedDecoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import StepKey
 from trainer.objectives.rewarded import RewardedObjective
-from trainer.objectives.scst import (generated_mask, greedy_decode, mean_part, scst_loss,
+from trainer.objectives.scst import (drawn_mask, greedy_decode, mean_part, scst_loss,
                                      words_and_lengths)
 from trainer.rewards import REWARDS
 
@@ -83,7 +83,7 @@ class CoarseToFine(RewardedObjective[StagedDecoder]):
         if self.config.coarse_term:
             terms.append((drawn[0], r_sample[0] - r_greedy[0]))
         device = drawn[0].logprobs.device
-        loss = torch.stack([scst_loss(d.logprobs, generated_mask(d.tokens),
+        loss = torch.stack([scst_loss(d.logprobs, drawn_mask(d.tokens, max_len),
                                       torch.as_tensor(a, dtype=torch.float32, device=device), share)
                             for d, a in terms]).sum()
         stats = {"reward": mean_part(r_sample[-1], s, share),

@@ -52,6 +52,17 @@ def generated_mask(tokens: Tensor) -> Tensor:
     return ended_before == 0
 
 
+def drawn_mask(tokens: Tensor, max_len: int) -> Tensor:
+    """[N, T] True for each token the policy drew: every generated token up to and including
+    the first <eos>, except an <eos> forced after ``max_len`` words. Decoding allows only
+    <eos> there (trainer/decode.py ``_ending_at``) and records the model's log P(<eos>); that
+    word was never drawn, so a policy gradient through it would push P(<eos>) down after every
+    run-on caption with a negative advantage."""
+    drawn = generated_mask(tokens)
+    drawn[:, max_len:] = False
+    return drawn
+
+
 def mean_of_others(rewards: np.ndarray) -> np.ndarray:
     """[B, S] -> each sample's baseline: the mean reward of the image's other samples."""
     s = rewards.shape[1]
@@ -131,7 +142,8 @@ class SelfCritical(RewardedObjective):
         advantage = torch.as_tensor((rewards - base).reshape(-1), dtype=torch.float32,
                                     device=drawn.logprobs.device)
         share = batch.share
-        loss = scst_loss(drawn.logprobs, generated_mask(drawn.tokens), advantage, share)
+        loss = scst_loss(drawn.logprobs, drawn_mask(drawn.tokens, self.setting.max_len),
+                         advantage, share)
         return loss, {"reward": mean_part(rewards, s, share),
                       "baseline": mean_part(base, s, share),
                       "time_sample": sampled_at - started, "time_reward": scored_at - sampled_at}
