@@ -122,6 +122,33 @@ def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
         load_experiment(exp, ["objective.name=scst"])
 
 
+def test_rl_can_start_with_the_xe_runs_optimiser_state_at_its_own_lr(xe_run, tmp_path):
+    from trainer.checkpoint import load_checkpoint
+    from trainer.training.resume import start_from
+    from trainer.training.run import Run
+
+    root, _, exp = xe_run
+    start = root / "xe" / "best.pt"
+    rl = ["objective.name=scst", f"train.init_from={start}", *cider_d(root / "cider.npz"),
+          "train.lr=5e-5", "train.epochs=1", "objective.samples=3"]
+    saved = load_checkpoint(start)["optimizer"]
+    for carried in (False, True):
+        (tmp_path / f"rl-{carried}").mkdir()
+        run = Run(load_experiment(exp, rl + [f"train.init_optimizer={carried}"]),
+                  tmp_path / f"rl-{carried}")
+        start_from(run, str(start))
+        state = run.optimizer.state_dict()
+        assert bool(state["state"]) == carried  # a fresh Adam has no moments
+        if carried:
+            for k, moments in saved["state"].items():
+                assert torch.equal(state["state"][k]["exp_avg"], moments["exp_avg"])
+                assert torch.equal(state["state"][k]["step"], moments["step"])
+        assert all(g["lr"] == 5e-5 for g in run.optimizer.param_groups)  # this run's lr
+    other = rl + ["train.init_optimizer=true", "train.optimizer={name: rmsprop}"]
+    with pytest.raises(CapstackError, match="trained with optimizer adam, this run uses rmsprop"):
+        train(load_experiment(exp, other), tmp_path / "sgd", progress=False)
+
+
 class WordCount:
     """A reward that counts one word: what SCST must then make the greedy decode say."""
 

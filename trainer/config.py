@@ -96,6 +96,9 @@ class TrainConfig:
     max_len: int = bounded(16, 1, MAX_CAPTION_WORDS)  # decoding length: validation, RL, eval
     seed: int = bounded(0, 0, MAX_SEED)
     init_from: str = ""  # a checkpoint whose weights start this run (RL after XE)
+    # and its optimiser's state (Adam's moments: RL goes on where XE ended, as
+    # self-critical.pytorch switches loss inside one run), at this run's lr
+    init_optimizer: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # autocast: auto = bfloat16 on CUDA, none on a CPU; bfloat16 or float16 on either device
     # (float16 with a gradient scaler); off. true / false (the old form) read as auto / off.

@@ -43,10 +43,28 @@ def start_from(run: Run, path: str) -> None:
     ckpt = load_checkpoint(path)
     check_identity(ckpt["identity"], run.identity, Path(ckpt["path"]))
     run.model.load_state_dict(ckpt["model"])
+    if run.config.train.init_optimizer:
+        start_optimiser(run, ckpt, Path(ckpt["path"]))
     scores = run.validate()
     run.kept.start(scores)
     run.log({"kind": "val", "epoch": -1, **scores, "start": path, "time": time.time()})
     run.save("best.pt")
+
+
+def start_optimiser(run: Run, ckpt: dict, path: Path) -> None:
+    """The start checkpoint's optimiser state (``train.init_optimizer``): its moments and step
+    counts, with this run's lr and other settings; the same optimiser only."""
+    saved = ckpt["experiment"].get("train", {}).get("optimizer", {}).get("name", "adam")
+    wanted = run.config.train.optimizer.name
+    if saved != wanted:
+        raise CapstackError(f"train.init_optimizer: {path} was trained with optimizer {saved}, "
+                            f"this run uses {wanted}: their states do not carry over")
+    settings = [{k: v for k, v in group.items() if k != "params"}
+                for group in run.optimizer.param_groups]
+    check_optimiser_state(ckpt["optimizer"], run.optimizer, path)
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    for group, own in zip(run.optimizer.param_groups, settings):
+        group.update(own)  # the moments are the start's; lr, betas, decay this run's
 
 
 def resume(run: Run) -> tuple[int, int] | None:
