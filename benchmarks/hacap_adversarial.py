@@ -7,8 +7,9 @@ caption setting and seed this trains, with the stages' own settings:
    alongside, ``interleaved_pretraining``);
 2. **Adv**: the ``adversarial@hacap`` stage's overrides, from the ML run's best checkpoint;
 3. **Control**: maximum likelihood continued from the same checkpoint, for the same epochs
-   at the same lr (the ML objective, D's rounds going on), so Adv - Control is what the
-   adversarial objective itself did.
+   at the same lr, with the adversarial stage's own D schedule (its sets, epochs, images and
+   lr, a round after every batch): only the generator's objective differs, so Adv - Control
+   is what the adversarial objective itself did.
 
 Every run is evaluated with beam search on the test split, at its kept checkpoint (best val
 CIDEr, its start included: what the stage keeps) and at its last (where the phase ended): CIDEr,
@@ -74,8 +75,19 @@ def spread(values) -> float:
 
 
 def control_of(adversarial: list[str]) -> list[str]:
-    """The adversarial stage's overrides without its objective: ML continued as it trains."""
-    return [o for o in adversarial if not o.startswith("objective.")]
+    """The matched control: maximum likelihood continued (``interleaved_pretraining``) with the
+    adversarial stage's own D schedule (its ``objective.discriminator.*``: sets, epochs, images,
+    lr) and a D round after every batch, as the adversarial phase runs them; every other
+    setting (lr, epochs, start, seed) the stage's. Only the generator's objective differs."""
+    if any(o.startswith("objective.discriminator_every=") and o != "objective.discriminator_every=1"
+           for o in adversarial):
+        raise SystemExit("the matched control runs a D round after every batch: the adversarial "
+                         "stage's objective.discriminator_every must be 1")
+    kept = [o for o in adversarial if not o.startswith("objective.")
+            or o.startswith("objective.discriminator.")]
+    # the name first (a component named again starts afresh), then D's schedule; round_every
+    # is in epochs, and a tiny fraction is one batch (interleaved_pretraining.batches_between)
+    return ["objective.name=interleaved_pretraining", *kept, "objective.round_every=1e-6"]
 
 
 def log_entries(run: Path, kind: str) -> list[dict]:
