@@ -141,6 +141,9 @@ def join(device_type: str = "cpu") -> Iterator[Ranks]:
     dist.init_process_group(backend, timeout=WAIT)
     try:
         yield ranks
+        # every rank done with its collectives before any takes the group down: a rank whose
+        # peer (rank 0 holds the store) went first could abort at exit in gloo's threads
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
