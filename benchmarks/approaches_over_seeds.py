@@ -4,7 +4,7 @@ After `make demo` (its cached features, prepared captions and CIDEr cache), for 
 (or variant) this runs, in the workdir:
 
     capstack run train@NAME --seeds 0,1,2 [--name VARIANT --set config=FILE]
-    capstack run rl@NAME --seeds 0,1,2 [--name VARIANT]         (and rl_mix@, adversarial@)
+    capstack run rl@NAME --seeds 0,1,2 [--name VARIANT]  (and rl_mix@, rl_scst@, adversarial@)
     capstack run evaluate@NAME[-rl,...] --seeds 0,1,2 [--name VARIANT]
 
 so each seed other than the stage's own is an experiment (exps/seedS/, exps/VARIANT-seedS/)
@@ -13,13 +13,15 @@ and every run already done is skipped: an interrupted benchmark resumes. Then
     capstack report EVALUATIONS... --versus-xe --out OUT
 
 puts every row over its seeds (test CIDEr mean ± std, n), each RL row against its XE row with the
-paired bootstrap over every seed's test images, and, for each ordering the papers report and
-each variant against its paper row,
+paired bootstrap over every seed's test images, and, for each ordering the papers report, each
+variant against its paper row and each row's phases against each other (RL > XE, C2F > SCST for
+the Stack-Caps, Adv > ML),
 
     capstack report --compare A_SEEDS B_SEEDS --out OUT/compare/A-vs-B
 
-gives the difference, its 95 % interval and the share of resamples in which it holds. This
-script only chooses what to run and compare; every figure is the CLI's.
+gives the difference, its 95 % interval and the share of resamples in which it holds; beside it
+the script prints the difference seed by seed (from each evaluation's metrics.json), its spread
+and on how many seeds it holds. This script only chooses what to run and compare.
 
 A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment file that
 ``extends:`` the approach's and changes what its name says), is the named experiment
@@ -36,6 +38,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -55,7 +59,16 @@ ORDERINGS = [
                                      "'not so satisfying')"),
 ]
 # the phases after XE: the stage family that trains each, its evaluation's suffix
-PHASES = (("rl", "-rl"), ("rl_mix", "-rl-mix"), ("adversarial", "-adv"))
+PHASES = (("rl", "-rl"), ("rl_mix", "-rl-mix"), ("rl_scst", "-rl-scst"), ("adversarial", "-adv"))
+# one row's phases against each other: (better, worse, relation, what the papers say)
+PHASE_ORDERINGS = [
+    ("-rl", "", ">", "RL > XE (every paper's Table: the RL rows above the XE rows)"),
+    ("-rl-mix", "", ">", "SCST on CIDEr-D + 0.5 BLEU-4 > XE"),
+    ("-rl-scst", "", ">", "SCST > XE"),
+    ("-rl", "-rl-scst", ">", "C2F > SCST (Stack-Cap: what its coarse-to-fine reward adds)"),
+    ("-adv", "", ">", "Adv > ML (HACap's adversarial phase; the matched control is "
+                      "benchmarks/hacap_adversarial.py's)"),
+]
 VARIANTS = ROOT / "configs" / "experiments" / "variants"
 
 
@@ -122,12 +135,43 @@ def compare(a: list[str], b: list[str], out: Path, workdir: Path) -> dict:
     return next(d for d in written["differences"] if d["value"] == "CIDEr")
 
 
-def verdict(d: dict, relation: str) -> str:
-    """Whether the relation holds on the interval: ">" above 0, ">=" not below 0, "~" around
-    0."""
+def per_seed(a: list[str], b: list[str], workdir: Path) -> list[float]:
+    """Test CIDEr of A minus B's, seed by seed (each side's evaluations in seed order)."""
+    def cider(folder: str) -> float:
+        return json.loads((workdir / folder / "metrics.json").read_text())["metrics"]["CIDEr"]
+    return [cider(x) - cider(y) for x, y in zip(a, b)]
+
+
+def verdict(d: dict, relation: str, seeds: list[float]) -> str:
+    """Whether the relation holds on the interval (">" above 0, ">=" not below 0, "~" around
+    0), and on how many seeds A is ahead (or, for "~", within 5 CIDEr)."""
     holds = {">": d["low"] > 0, ">=": d["high"] > 0, "~": d["low"] <= 0 <= d["high"]}[relation]
+    ahead = sum(abs(x) < 0.05 if relation == "~" else x > 0 for x in seeds)
+    spread = np.std(seeds, ddof=1) if len(seeds) > 1 else float("nan")
     return (f"{100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}], "
-            f"ahead in {100 * d['share']:.0f}% -> {'holds' if holds else 'does not hold'}")
+            f"ahead in {100 * d['share']:.0f}% -> {'holds' if holds else 'does not hold'}; "
+            f"per seed {' '.join(f'{100 * x:+.1f}' for x in seeds)} (std {100 * spread:.1f}), "
+            f"{'within 5' if relation == '~' else 'ahead'} on {ahead} of {len(seeds)}")
+
+
+def comparisons(rows: dict[str, list[str]]) -> list[tuple[str, str, str, str, str, str]]:
+    """(row A, its suffix, row B, its suffix, relation, what it says) for every ordering the
+    rows run can show: the papers' between approaches, in the XE block and after each one's
+    RL; each variant against its paper row; each row's phases against each other."""
+    found = []
+    for suffix, block in (("", "XE"), ("-rl", "RL")):
+        found += [(a, suffix, b, suffix, relation, f"{said} ({block})")
+                  for a, b, relation, said in ORDERINGS
+                  if a in rows and b in rows and suffix in rows[a] and suffix in rows[b]]
+        found += [(name, suffix, name.split("+", 1)[0], suffix, "~",
+                   f"{name} ~ {name.split('+', 1)[0]} ({block})")
+                  for name in rows if "+" in name and name.split("+", 1)[0] in rows
+                  and suffix in rows[name] and suffix in rows[name.split("+", 1)[0]]]
+    found += [(name, better, name, worse, relation, f"{name}: {said}")
+              for name, suffixes in rows.items()
+              for better, worse, relation, said in PHASE_ORDERINGS
+              if better in suffixes and worse in suffixes]
+    return found
 
 
 def main() -> None:
@@ -149,19 +193,12 @@ def main() -> None:
                    for suffix in suffixes]
     capstack("report", *[f for e in evaluations for f in e.split(",")], "--versus-xe",
              "--out", str(args.out), workdir=workdir)
-    blocks = [""] + (["-rl"] if not args.xe_only else [])
-    pairs = [(a, b, relation, said) for a, b, relation, said in ORDERINGS
-             if a in rows and b in rows]
-    pairs += [(name, name.split("+", 1)[0], "~", f"{name} ~ {name.split('+', 1)[0]}")
-              for name in rows if "+" in name and name.split("+", 1)[0] in rows]
     lines = []
-    for suffix in blocks:
-        for a, b, relation, said in pairs:
-            if suffix in rows[a] and suffix in rows[b]:
-                d = compare(folders(a, suffix, seeds), folders(b, suffix, seeds),
-                            args.out / "compare" / f"{a}{suffix}-vs-{b}{suffix}", workdir)
-                lines.append(f"  {said} ({'XE' if not suffix else suffix[1:].upper()}): "
-                             f"{verdict(d, relation)}")
+    for a, a_suffix, b, b_suffix, relation, said in comparisons(rows):
+        a_folders, b_folders = folders(a, a_suffix, seeds), folders(b, b_suffix, seeds)
+        d = compare(a_folders, b_folders,
+                    args.out / "compare" / f"{a}{a_suffix}-vs-{b}{b_suffix}", workdir)
+        lines.append(f"  {said}: {verdict(d, relation, per_seed(a_folders, b_folders, workdir))}")
     groups = [f"{n + '-' if '+' in n else ''}seed{s}" for n in rows for s in seeds if s != 0]
     groups = list(dict.fromkeys(groups + [n for n in rows if "+" in n]))
     capstack("exp", "show", *groups, workdir=workdir)  # each seed's row, beside seed 0's

@@ -1,15 +1,27 @@
 """HACap's adversarial phase against maximum likelihood continued, over seeds, on two caption sets.
 
 Does LeakGAN's adversarial training move HACap's generator, and does its D learn? For each
-caption setting and seed this trains, with the stages' own settings:
+caption setting and seed this trains, with the stages' own settings, these arms (``--arms``;
+an arm's ML run is trained too, or found finished, when the arm starts from it):
 
-1. **ML**: ``train@hacap`` (configs/experiments/hacap.yaml: maximum likelihood with D's rounds
+1. **ml**: ``train@hacap`` (configs/experiments/hacap.yaml: maximum likelihood with D's rounds
    alongside, ``interleaved_pretraining``);
-2. **Adv**: the ``adversarial@hacap`` stage's overrides, from the ML run's best checkpoint;
-3. **Control**: maximum likelihood continued from the same checkpoint, for the same epochs
+2. **adv**: the ``adversarial@hacap`` stage's overrides, from the ML run's best checkpoint;
+3. **adv_code**: the same with ``objective.credit=leakgan_code``: the credit assignment and
+   sampling of LeakGAN's released code where it differs from its paper
+   (trainer/objectives/adversarial.py), from the same checkpoint, on the same seeds;
+4. **control**: maximum likelihood continued from the same checkpoint, for the same epochs
    at the same lr, with the adversarial stage's own D schedule (its sets, epochs, images and
-   lr, a round after every batch): only the generator's objective differs, so Adv - Control
-   is what the adversarial objective itself did.
+   lr, a round after every batch): only the generator's objective differs, so adv - control
+   is what the adversarial objective itself did (adv_code's D draws its samples with sharper
+   logits, the code's, which the control's D does not);
+5. **ml_image**, **adv_image**, **control_image**: the three of ml, adv and control with a D
+   that also reads the image (``decoder.discriminator_reads_image=true``, a step beyond the
+   paper). D learns during the ML phase, so this D has its own ML run, which the other two
+   start from.
+
+The report gives each adversarial arm against its own control (adv and adv_code against
+control, adv_image against control_image).
 
 Every run is evaluated with beam search on the test split, at its kept checkpoint (best val
 CIDEr, its start included: what the stage keeps) and at its last (where the phase ended): CIDEr,
@@ -25,6 +37,7 @@ captions with freer word order and synonyms (``capstack shapes --captions free``
 demo's grid store. Finished runs are reused, so an interrupted benchmark resumes.
 
     python benchmarks/hacap_adversarial.py [--settings grammar free] [--seeds 0 1 2]
+        [--arms ml adv adv_code control ml_image adv_image control_image]
         [--out runs/hacap_adversarial] [--set objective.discriminator.lr=5e-5 --out OTHER]
 """
 
@@ -47,7 +60,12 @@ from trainer.train import train  # noqa: E402
 
 EXPERIMENT = ROOT / "configs" / "experiments" / "hacap.yaml"
 SETTINGS = {"grammar": "data/prepared", "free": "data/prepared-free"}
-PHASES = ("ml", "adv", "control")
+ARMS = ("ml", "adv", "adv_code", "control", "ml_image", "adv_image", "control_image")
+START = {"adv": "ml", "adv_code": "ml", "control": "ml",  # the ML run an arm starts from
+         "adv_image": "ml_image", "control_image": "ml_image"}
+CONTROL = {"adv": "control", "adv_code": "control", "adv_image": "control_image"}
+CODE = ["objective.credit=leakgan_code"]
+IMAGE = ["decoder.discriminator_reads_image=true"]
 FIGURES = (("CIDEr", "CIDEr", 100), ("BLEU-4", "BLEU-4", 100), ("distinct-1", "distinct-1", 100),
            ("distinct-2", "distinct-2", 100), ("words", "vocab_used", 1),
            ("unique", "unique_captions", 100))
@@ -90,6 +108,23 @@ def control_of(adversarial: list[str]) -> list[str]:
     return ["objective.name=interleaved_pretraining", *kept, "objective.round_every=1e-6"]
 
 
+def arm_overrides(arm: str, stages: dict[str, list[str]]) -> list[str]:
+    """An arm's overrides before its seed and start: its stage's, then its variant's."""
+    image = IMAGE if arm.endswith("_image") else []
+    phase = arm.removesuffix("_image")
+    if phase == "ml":
+        return stages["train@hacap"] + image
+    if phase == "control":
+        return control_of(stages["adversarial@hacap"]) + image
+    return stages["adversarial@hacap"] + (CODE if phase == "adv_code" else []) + image
+
+
+def with_starts(arms) -> list[str]:
+    """The arms asked for and the ML runs they start from, in :data:`ARMS`'s order."""
+    wanted = set(arms) | {START[a] for a in arms if a in START}
+    return [a for a in ARMS if a in wanted]
+
+
 def log_entries(run: Path, kind: str) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e.get("kind") == kind]
@@ -130,21 +165,18 @@ def d_figures(run: Path) -> dict:
                                                    for r in rounds)}
 
 
-def one_seed(setting: str, seed: int, out: Path, stages: dict, extra: list[str]) -> dict:
+def one_seed(setting: str, seed: int, out: Path, stages: dict, extra: list[str],
+             arms=ARMS) -> dict:
     captions = [f"data.captions={SETTINGS[setting]}"]
-    ml_run = out / setting / f"ml-seed{seed}"
-    runs = {"ml": (ml_run, captions + seeded(stages["train@hacap"], seed)),
-            "adv": (out / setting / f"adv-seed{seed}",
-                    captions + seeded(stages["adversarial@hacap"], seed, ml_run / "best.pt")),
-            "control": (out / setting / f"control-seed{seed}", captions + seeded(
-                control_of(stages["adversarial@hacap"]), seed, ml_run / "best.pt"))}
     result = {}
-    for phase in PHASES:
-        run, overrides = runs[phase]
+    for arm in with_starts(arms):
+        run = out / setting / f"{arm}-seed{seed}"
+        start = out / setting / f"{START[arm]}-seed{seed}" / "best.pt" if arm in START else None
+        overrides = captions + seeded(arm_overrides(arm, stages), seed, start)
         seconds = trained(EXPERIMENT, run, overrides + extra)
-        result[phase] = {"seconds": seconds, "best": evaluated(run, "best.pt"),
-                         "last": evaluated(run, "last.pt"), "val": validation_curve(run),
-                         **d_figures(run)}
+        result[arm] = {"seconds": seconds, "best": evaluated(run, "best.pt"),
+                       "last": evaluated(run, "last.pt"), "val": validation_curve(run),
+                       **d_figures(run)}
     return result
 
 
@@ -155,47 +187,59 @@ def mean_spread(values) -> str:
 
 def report(setting: str, seeds: dict) -> None:
     rows = list(seeds.values())
+    arms = [a for a in ARMS if all(a in r for r in rows)]
+    pairs = [(adv, control) for adv, control in CONTROL.items()
+             if adv in arms and control in arms]
+    mls = [a for a in arms if a not in START]
     print(f"\n== {setting} captions, seeds {', '.join(seeds)} (test split, beam from the "
           f"config; mean ± std over seeds)")
     for which, what in (("best", "the kept checkpoint (best val CIDEr, the start included)"),
                         ("last", "the last checkpoint (where the phase ended)")):
         print(f"-- {what}")
-        print(f"{'':>9}" + "".join(f"{name:>16}" for name, _, _ in FIGURES)
+        print(f"{'':>14}" + "".join(f"{name:>16}" for name, _, _ in FIGURES)
               + (f"{'minutes':>10}" if which == "best" else ""))
-        for phase in PHASES:
-            cells = [mean_spread([r[phase][which][key] * scale for r in rows])
+        for arm in arms:
+            cells = [mean_spread([r[arm][which][key] * scale for r in rows])
                      for _, key, scale in FIGURES]
-            minutes = np.mean([r[phase]["seconds"] for r in rows]) / 60
-            print(f"{phase:>9}" + "".join(f"{c:>16}" for c in cells)
+            minutes = np.mean([r[arm]["seconds"] for r in rows]) / 60
+            print(f"{arm:>14}" + "".join(f"{c:>16}" for c in cells)
                   + (f"{minutes:10.1f}" if which == "best" else ""))
-        for name, key, scale in FIGURES:
-            gain = [(r["adv"][which][key] - r["control"][which][key]) * scale for r in rows]
-            print(f"  Adv - Control {name:>10}: {mean_spread(gain)}")
-    pretrained = [r["ml"]["accuracy"][-1] for r in rows]
-    print(f"  D held-out accuracy at the end of pre-training: "
-          f"{mean_spread(np.array(pretrained) * 100)} % (per seed "
-          f"{', '.join(f'{a:.3f}' for a in pretrained)})")
+        for adv, control in pairs:
+            for name, key, scale in FIGURES:
+                gain = [(r[adv][which][key] - r[control][which][key]) * scale for r in rows]
+                print(f"  {f'{adv} - {control}':<26}{name:>10}: {mean_spread(gain)}")
+    for ml in mls:
+        pretrained = [r[ml]["accuracy"][-1] for r in rows]
+        print(f"  {ml}: D held-out accuracy at the end of pre-training: "
+              f"{mean_spread(np.array(pretrained) * 100)} % (per seed "
+              f"{', '.join(f'{a:.3f}' for a in pretrained)})")
     for r, seed in zip(rows, seeds):
-        print(f"  seed {seed}: D held-out accuracy in pre-training, by round: "
-              + " ".join(f"{a:.2f}" for a in r["ml"]["accuracy"]))
-        acc = r["adv"]["accuracy"]
-        if acc:
-            print(f"  seed {seed}: adversarial phase, {len(acc)} rounds: first {acc[0]:.3f}, "
-                  f"last {acc[-1]:.3f}, lowest {min(acc):.3f}; control's last "
-                  f"{r['control']['accuracy'][-1]:.3f}")
-        for phase in ("adv", "control"):
-            print(f"  seed {seed}: val CIDEr by epoch, {phase:>7}: "
-                  + " ".join(f"{100 * v:.1f}" for v in r[phase]["val"]))
-        d_share = {p: r[p]["d_seconds"] / r[p]["seconds"] for p in PHASES if r[p]["seconds"]}
-        print(f"  seed {seed}: minutes ML {r['ml']['seconds'] / 60:.1f}, Adv "
-              f"{r['adv']['seconds'] / 60:.1f}, Control {r['control']['seconds'] / 60:.1f}; "
-              f"D's rounds' share " + ", ".join(f"{p} {s:.0%}" for p, s in d_share.items()))
+        for ml in mls:
+            print(f"  seed {seed}: {ml}: D held-out accuracy in pre-training, by round: "
+                  + " ".join(f"{a:.2f}" for a in r[ml]["accuracy"]))
+        for adv, control in CONTROL.items():
+            acc = r[adv]["accuracy"] if adv in arms else []
+            if acc:
+                last = (f"; {control}'s last {r[control]['accuracy'][-1]:.3f}"
+                        if control in arms and r[control]["accuracy"] else "")
+                print(f"  seed {seed}: {adv}: adversarial phase, {len(acc)} rounds: first "
+                      f"{acc[0]:.3f}, last {acc[-1]:.3f}, lowest {min(acc):.3f}{last}")
+        for arm in (a for a in arms if a in START):
+            print(f"  seed {seed}: val CIDEr by epoch, {arm:>13}: "
+                  + " ".join(f"{100 * v:.1f}" for v in r[arm]["val"]))
+        d_share = {a: r[a]["d_seconds"] / r[a]["seconds"] for a in arms if r[a]["seconds"]}
+        print(f"  seed {seed}: minutes " + ", ".join(f"{a} {r[a]['seconds'] / 60:.1f}"
+                                                   for a in arms)
+              + "; D's rounds' share " + ", ".join(f"{a} {s:.0%}" for a, s in d_share.items()))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                    help="which arms to train and report (default: all); an arm's ML run comes "
+                         "with it")
     ap.add_argument("--out", type=Path, default=Path("runs/hacap_adversarial"))
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every run, after the stages' own (e.g. "
@@ -208,7 +252,8 @@ def main() -> None:
     stages = stage_settings(ROOT / "stages.yaml")
     results = {}
     for setting in args.settings:
-        results[setting] = {str(seed): one_seed(setting, seed, args.out, stages, args.extra)
+        results[setting] = {str(seed): one_seed(setting, seed, args.out, stages, args.extra,
+                                                args.arms)
                             for seed in args.seeds}
         report(setting, results[setting])
     (args.out / "results.json").write_text(json.dumps(results, indent=1))

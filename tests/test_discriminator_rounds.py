@@ -167,7 +167,7 @@ def test_a_sets_references_keep_their_end_when_samples_are_shorter(toy, tmp_path
     run = Run(config, tmp_path / "run")
     train = run.split_batches("train")
     rows = train.rows[:4]
-    real, fake = run.objective.rounds.references_and_samples(
-        run.model, train, rows, np.random.default_rng(0), (0,))
+    drawn = run.objective.rounds.caption_set(run.model, train, rows, np.random.default_rng(0), (0,))
+    real, fake = drawn.real, drawn.fake
     assert real.shape[1] == fake.shape[1] == train.all_captions.shape[1] > 3 + 2
     assert ((real == EOS_ID).sum(1) == 1).all() and ((fake == EOS_ID).sum(1) <= 1).all()

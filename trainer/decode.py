@@ -10,7 +10,7 @@ images x beams as one batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Callable, cast
 
 import numpy as np
 import torch
@@ -59,7 +59,8 @@ def greedy(decoder: Decoder, ctx: Context, max_len: int) -> Decoded:
 
 
 def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.0,
-           n: int = 1, noise: SamplingNoise | None = None, prefix: Tensor | None = None) -> Decoded:
+           n: int = 1, noise: SamplingNoise | None = None, prefix: Tensor | None = None,
+           scale: Callable[[int], float] | None = None) -> Decoded:
     """``n`` sampled captions per image ([B*n, T], an image's samples adjacent).
 
     With ``prefix`` [B*m, P] (word ids, no ``<bos>``; m rows of each image, adjacent),
@@ -71,6 +72,13 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
     distribution. With ``noise`` each word is drawn by inverting the cumulative
     distribution at the row's uniform draw (reproducible across processes);
     without, by ``torch.multinomial`` from the global generator.
+
+    ``scale`` multiplies the logits of the word at each step t (0: the first word) before
+    the draw, on top of the temperature: the word is drawn from
+    softmax(scale(t) / temperature x logits) (LeakGAN's generation sharpens its first two words
+    by 1.5 and flattens the rest by 0.8). Where it is 1 (or None) the draw is as without it,
+    from softmax(logits / temperature); the recorded log-probabilities are the unscaled
+    model's either way.
     """
     forced = prefix.repeat_interleave(n, 0) if prefix is not None and n > 1 else prefix
     rows = forced.shape[0] if forced is not None else images_of(ctx) * n
@@ -81,7 +89,11 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
         if t >= max_len:  # only <eos> may follow max_len words: no draw (its probability
             return torch.full_like(logp[:, 0], EOS_ID, dtype=torch.long)  # may underflow)
         # logp is normalised already: at temperature 1 its exp is the distribution
-        probs = logp.exp() if temperature == 1 else torch.softmax(logp / temperature, 1)
+        factor = 1.0 if scale is None else scale(t)
+        if factor == 1:
+            probs = logp.exp() if temperature == 1 else torch.softmax(logp / temperature, 1)
+        else:
+            probs = torch.softmax(logp * factor / temperature, 1)
         if noise is None:
             return torch.multinomial(probs, 1).squeeze(1)
         u = torch.as_tensor(noise(t, probs.shape[0]), dtype=torch.float32, device=probs.device)

@@ -22,7 +22,9 @@ the decoder because decoding needs f_t at every step (its SRU state is in the
 decoding state, batch-first like every state); it is trained by its own
 rounds (trainer/objectives/discriminator_rounds.py), alongside maximum
 likelihood (``interleaved_pretraining``) and in the adversarial phase
-(``adversarial``), never by the run's optimiser.
+(``adversarial``), never by the run's optimiser. With ``discriminator_reads_image``
+(a step beyond the paper) D's score of a caption also reads the image's pooled
+feature ``ctx["mean"]``; what leaks to the MANAGER is the text's f_t either way.
 
 Maximum likelihood (the ``xe`` objective) minimises, per caption, -log P(y|x)
 plus the doubly stochastic penalty plus the MANAGER's term on the real caption,
@@ -77,6 +79,10 @@ class HACapConfig(DecoderConfig):
     # feature size, its GOAL_SIZE is w's). "subgoal": g itself has goal_size numbers, w_t = sum g,
     # and the MANAGER's cosines read f through a fixed random orthonormal map to goal_size.
     goal_space: Literal["features", "subgoal"] = "features"
+    # a step beyond the paper (its future work): D's caption score also reads the image, the
+    # pooled feature through a learned W_img (trainer/modules/text_discriminator.py); the
+    # features f_t that leak to the MANAGER stay the text's, so decoding is unchanged
+    discriminator_reads_image: bool = False
 
 
 def goal_windows(goals: Tensor, horizon: int) -> Tensor:
@@ -113,8 +119,9 @@ class HACap(Decoder):
     def __init__(self, config: HACapConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
         c = config
-        self.discriminator = TextDiscriminator(vocab_size, c.discriminator_embed, c.discriminator,
-                                               c.discriminator_layers)
+        self.discriminator = TextDiscriminator(
+            vocab_size, c.discriminator_embed, c.discriminator, c.discriminator_layers,
+            image_dim=feature_dim if c.discriminator_reads_image else 0)
         self.manager = SRU(c.discriminator, c.manager)
         in_features = c.goal_space == "features"
         self.to_goal = nn.Linear(c.manager, c.discriminator if in_features else c.goal_size)  # L_g

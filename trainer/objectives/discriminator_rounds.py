@@ -22,11 +22,17 @@ Its held-out accuracy (and its mean score of each side) goes to the run's
 metrics log, one ``discriminator`` entry per round, which the curves figure
 draws beside validation CIDEr.
 
+A D that reads the image (``decoder.discriminator_reads_image``, a step beyond
+the paper) scores each row with its image's pooled feature: a set then carries,
+beside its token rows, each image's pooled feature, which an image's references
+and samples share (:class:`CaptionSet`). A text-only D's sets carry none.
+
 Under DDP every rank samples its part of a set's images. The set's token rows
-are summed into one global set on every rank, and every rank trains D on that
-set in the same order. So the ranks' copies of D stay equal without a gradient
-reduction, and a run on several processes trains D as one process does. Every
-draw is a function of (seed, round, set), so an exact resume repeats it.
+(and pooled images) are summed into one global set on every rank, and every
+rank trains D on that set in the same order. So the ranks' copies of D stay
+equal without a gradient reduction, and a run on several processes trains D as
+one process does. Every draw is a function of (seed, round, set), so an exact
+resume repeats it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -45,6 +52,7 @@ from trainer.bounds import MAX_BATCH, MAX_IMAGES, MAX_SAMPLES, MAX_STEPS, bounde
 from trainer.decode import SamplingNoise, sample
 from trainer.decoders.base import Decoder
 from trainer.decoders.hacap import HACap
+from trainer.modules.text_discriminator import TextDiscriminator
 from trainer.objectives.base import Objective
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
 
@@ -91,6 +99,37 @@ def global_token_rows(local: Tensor, share, per_image: int, width: int) -> Tenso
     return share.total(rows)
 
 
+def global_image_rows(pooled: Tensor, share) -> Tensor:
+    """This rank's images' pooled features [b, F] placed at its images' rows of the global
+    batch [images, F], summed over the ranks: every rank ends with the whole batch's."""
+    rows = pooled.new_zeros(share.images, pooled.shape[1])
+    if share.weight > 0:
+        rows[share.first:share.first + len(pooled)] = pooled
+    return share.total(rows)
+
+
+@dataclass
+class CaptionSet:
+    """What D trains on, or is scored on: references (real) and samples (fake), the global
+    token rows [M, W] each, ``per_image`` adjacent rows of each image and row k of both of the
+    same image; for a D that reads the image, each image's pooled feature [M / per_image, F]
+    (None for a text-only D)."""
+
+    real: Tensor
+    fake: Tensor
+    images: Tensor | None = None
+    per_image: int = 1
+
+    def images_of(self, rows: Tensor) -> Tensor | None:
+        """The pooled image [n, F] of the real (or the fake) rows ``rows`` [n]; None without."""
+        return None if self.images is None else self.images[rows // self.per_image]
+
+
+def scored(discriminator: torch.nn.Module, tokens: Tensor, images: Tensor | None) -> Tensor:
+    """D's logits of token rows, with their pooled images when the set has them."""
+    return discriminator(tokens) if images is None else discriminator(tokens, images)
+
+
 def drop_pad_columns(tokens: Tensor) -> Tensor:
     """Token rows without their trailing all-``<pad>`` columns (D's cost is per column)."""
     used = int((tokens != PAD_ID).sum(1).max()) if len(tokens) else 0
@@ -107,8 +146,10 @@ def rank_part(batch) -> float:
 class DiscriminatorRounds:
     """D's optimiser, its round counter, and what a round does (module docstring)."""
 
-    def __init__(self, schedule: DiscriminatorSchedule, setting, discriminator: torch.nn.Module):
+    def __init__(self, schedule: DiscriminatorSchedule, setting, discriminator: TextDiscriminator,
+                 scale: Callable[[int], float] | None = None):
         self.schedule, self.setting, self.discriminator = schedule, setting, discriminator
+        self.scale = scale  # per step, of the samples' logits (decode.sample); None: unscaled
         self.optimizer = torch.optim.Adam(discriminator.parameters(), lr=schedule.lr)
         self.rounds = 0  # rounds done (checkpointed: the draws of the next one follow from it)
 
@@ -127,8 +168,8 @@ class DiscriminatorRounds:
         started = time.perf_counter()
         losses = []
         for index in range(self.schedule.sets):
-            real, fake = self.draw_set(decoder, seed, index)
-            losses += self.train_on(real, fake, np.random.default_rng(
+            drawn = self.draw_set(decoder, seed, index)
+            losses += self.train_on(drawn, np.random.default_rng(
                 [seed, SETS_KEY, self.rounds, index, 1]))
         trained_at = time.perf_counter()
         heldout = self.heldout_scores(decoder, seed)
@@ -143,20 +184,20 @@ class DiscriminatorRounds:
                 "d_heldout_accuracy": heldout.get("heldout_accuracy", float("nan")) * part,
                 "time_d_round": time.perf_counter() - started}
 
-    def draw_set(self, decoder: Decoder, seed: int, index: int) -> tuple[Tensor, Tensor]:
+    def draw_set(self, decoder: Decoder, seed: int, index: int) -> CaptionSet:
         """A set's references and samples, the global rows [M, W] each, on every rank."""
         train = self.setting.batches("train")
         rng = np.random.default_rng([seed, SETS_KEY, self.rounds, index])
         rows = rng.permutation(train.rows)
         rows = rows[:self.schedule.images] if self.schedule.images else rows
-        return self.references_and_samples(decoder, train, rows, rng,
-                                           (seed, SETS_KEY, self.rounds, index))
+        return self.caption_set(decoder, train, rows, rng, (seed, SETS_KEY, self.rounds, index))
 
-    def references_and_samples(self, decoder: Decoder, source, rows: np.ndarray,
-                               rng: np.random.Generator, key: tuple) -> tuple[Tensor, Tensor]:
+    def caption_set(self, decoder: Decoder, source, rows: np.ndarray, rng: np.random.Generator,
+                    key: tuple) -> CaptionSet:
         """For image ``rows`` of ``source`` (a TrainBatches) in chunks of its batch size:
-        ``seq_per_img`` references and as many samples of each, all ranks' rows."""
-        real, fake = [], []
+        ``seq_per_img`` references and as many samples of each, all ranks' rows, and the
+        images' pooled features when D reads them."""
+        real, fake, images = [], [], []
         # as wide as the longer of a reference row and a sample row, the same on every rank: a
         # reference cut short of its <eos> would be a cue that has nothing to do with the text
         per_image = source.seq_per_img
@@ -167,19 +208,23 @@ class DiscriminatorRounds:
             noise = SamplingNoise((*key, chunk), share.images * per_image,
                                   share.first * per_image)
             with dropout_off(decoder), torch.no_grad():
-                drawn = sample(decoder, decoder.encode(batch.feats, batch.mask),
-                               self.setting.max_len, self.schedule.temperature, n=per_image,
-                               noise=noise).tokens
+                ctx = decoder.encode(batch.feats, batch.mask)
+                drawn = sample(decoder, ctx, self.setting.max_len, self.schedule.temperature,
+                               n=per_image, noise=noise, scale=self.scale).tokens
             real.append(global_token_rows(batch.captions, share, per_image, width))
             fake.append(global_token_rows(with_bos(drawn), share, per_image, width))
-        return torch.cat(real), torch.cat(fake)
+            if self.discriminator.reads_image:
+                images.append(global_image_rows(ctx["mean"].float(), share))
+        return CaptionSet(torch.cat(real), torch.cat(fake),
+                          torch.cat(images) if images else None, per_image)
 
     @property
     def device(self) -> torch.device:
         return next(self.discriminator.parameters()).device
 
-    def train_on(self, real: Tensor, fake: Tensor, rng: np.random.Generator) -> list[float]:
+    def train_on(self, drawn: CaptionSet, rng: np.random.Generator) -> list[float]:
         """``epochs`` epochs of D over real (1) and fake (0) rows, in minibatches; the losses."""
+        real, fake = drawn.real, drawn.fake
         tokens = torch.cat([real, fake])
         labels = torch.cat([torch.ones(len(real)), torch.zeros(len(fake))]).to(tokens.device)
         losses, size = [], self.schedule.batch_size
@@ -187,7 +232,8 @@ class DiscriminatorRounds:
             order = torch.as_tensor(rng.permutation(len(tokens)), device=tokens.device)
             for start in range(0, len(order), size):
                 picked = order[start:start + size]
-                logits = self.discriminator(drop_pad_columns(tokens[picked]))
+                logits = scored(self.discriminator, drop_pad_columns(tokens[picked]),
+                                drawn.images_of(picked % len(real)))
                 loss = F.binary_cross_entropy_with_logits(logits, labels[picked])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -205,20 +251,28 @@ class DiscriminatorRounds:
         if not n:
             return {}
         heldout = self.setting.batches("val")
-        real, fake = self.references_and_samples(
+        drawn = self.caption_set(
             decoder, heldout, heldout.rows[:n], np.random.default_rng([seed, HELDOUT_KEY]),
             (seed, HELDOUT_KEY, self.rounds))
-        return discrimination(self.discriminator, real, fake, self.schedule.batch_size)
+        return discrimination(self.discriminator, drawn.real, drawn.fake, self.schedule.batch_size,
+                              drawn.images, drawn.per_image)
 
 
 @torch.no_grad()
 def discrimination(discriminator: torch.nn.Module, real: Tensor, fake: Tensor,
-                   batch_size: int = 256) -> dict:
+                   batch_size: int = 256, images: Tensor | None = None,
+                   per_image: int = 1) -> dict:
     """D's accuracy on real rows (should score > 0.5) and fake rows (< 0.5), and its mean
-    score of each."""
+    score of each; with ``images`` (a :class:`CaptionSet`'s: each image's pooled feature,
+    ``per_image`` adjacent rows of each in ``real`` and in ``fake``) for a D that reads them."""
     def scores(tokens: Tensor) -> Tensor:
-        return torch.cat([torch.sigmoid(discriminator(drop_pad_columns(tokens[k:k + batch_size])))
-                          for k in range(0, len(tokens), batch_size)])
+        out = []
+        for k in range(0, len(tokens), batch_size):
+            part = tokens[k:k + batch_size]
+            rows = torch.arange(k, k + len(part), device=tokens.device)
+            pooled = None if images is None else images[rows // per_image]
+            out.append(torch.sigmoid(scored(discriminator, drop_pad_columns(part), pooled)))
+        return torch.cat(out)
 
     on_real, on_fake = scores(real), scores(fake)
     right = (on_real > 0.5).sum() + (on_fake < 0.5).sum()
@@ -240,7 +294,11 @@ class TrainsDiscriminator(Objective[HACap]):
 
     def bind(self, decoder: HACap) -> None:
         self.rounds = DiscriminatorRounds(self.config.discriminator, self.setting,
-                                          decoder.discriminator)
+                                          decoder.discriminator, self.negatives_scale())
+
+    def negatives_scale(self) -> Callable[[int], float] | None:
+        """The per-step scale of the logits of D's samples (decode.sample); None: unscaled."""
+        return None
 
     def optimizers(self) -> dict:
         assert self.rounds is not None, "bind() makes the rounds"
@@ -256,5 +314,6 @@ class TrainsDiscriminator(Objective[HACap]):
         self.rounds.load_state(state)
 
 
-__all__ = ["DiscriminatorRounds", "DiscriminatorSchedule", "TrainsDiscriminator", "discrimination",
-           "dropout_off", "global_token_rows", "with_bos"]
+__all__ = ["CaptionSet", "DiscriminatorRounds", "DiscriminatorSchedule", "TrainsDiscriminator",
+           "discrimination", "dropout_off", "global_image_rows", "global_token_rows", "scored",
+           "with_bos"]
