@@ -70,3 +70,34 @@ def test_evaluation_draws_every_stage_like_figure_3(stack_run, tmp_path):
     evaluate_checkpoint(root / "xe", tmp_path / "eval", beam_size=2, figures=2, spice=False)
     assert len(list((tmp_path / "eval" / "stages").glob("*.png"))) == 2
     assert len(list((tmp_path / "eval" / "attention").glob("*.png"))) == 2
+
+
+def test_c2f_leaves_the_eos_forced_after_max_len_words_out_of_every_stages_term(stack_run,
+                                                                              tmp_path):
+    """Every stage's samples run to max_len words (each head's <eos> logit far below the
+    rest), so decoding puts <eos> after them. The policy never drew it: no stage's term pulls at
+    P(<eos>) (counted, its gradient would be about -advantage per caption), while the words
+    drawn get their gradients."""
+    import torch
+
+    from pipeline.core.tokens import EOS_ID
+    from trainer.objectives.base import StepKey
+    from trainer.train import Run
+
+    root, exp, _, _ = stack_run
+    config = load_experiment(exp, ["objective.name=c2f", *cider_d(root / 'cider.npz'),
+                                   "objective.samples=2", "train.max_len=3",
+                                   "objective.coarse_term=true"])
+    (tmp_path / "run").mkdir()
+    run = Run(config, tmp_path / "run")
+    model = run.model
+    with torch.no_grad():
+        for head in model.outputs:
+            head.bias[EOS_ID] = -1e4
+    batch = next(iter(run.batches.epoch(0))).to(run.device)
+    model.zero_grad(set_to_none=True)
+    loss, _ = run.objective.loss(model, batch, StepKey(0, 0, 0))
+    loss.backward()
+    for head in model.outputs:
+        assert head.bias.grad is not None and head.bias.grad.abs().sum() > 0
+        assert head.bias.grad[EOS_ID].abs() < 1e-6
