@@ -28,6 +28,7 @@ from trainer.objectives.discriminator_rounds import (CaptionSet, dropout_off, gl
 from trainer.objectives.scst import drawn_mask, generated_mask
 from trainer.rewards.intrinsic import intrinsic_rewards
 from trainer.train import Run, train
+from test_hacap import caption_rows  # token rows of VOCAB (20) words, <bos> first
 from trainer_fixtures import (make_decoder, make_prepared, tiny_decoder_config, write_experiment,
                               write_feature_store)
 
@@ -45,15 +46,6 @@ def images(n=3, locations=5, seed=2):
     mask = torch.ones(n, locations, dtype=torch.bool)
     mask[1, 3:] = False
     return torch.randn(n, locations, FEATURE_DIM, generator=g), mask
-
-
-def caption_rows(n=3, length=7, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    rows = torch.randint(4, VOCAB, (n, length), generator=g)
-    rows[:, 0] = BOS_ID
-    rows[0, 4], rows[0, 5:] = EOS_ID, PAD_ID
-    rows[1:, -1] = EOS_ID
-    return rows
 
 
 # ---------------------------------------------------------------------------- Q by position
