@@ -28,7 +28,10 @@ A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment fi
 ``APPROACH+WHAT`` of the approach's stages with ``config`` set to that file.
 
     python benchmarks/approaches_over_seeds.py [--seeds 0,1,2] [--out reports/seeds]
-        [--only show_tell soft_attention stack_cap+feature_embed] [--xe-only]
+        [--only show_tell soft_attention stack_cap+feature_embed] [--xe-only] [--jobs 30]
+
+With ``--jobs N`` the (row, seed) chains run N at a time, each in its own processes: the demo's
+small decoders leave a GPU mostly idle, so many chains can share one.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -72,12 +77,15 @@ PHASE_ORDERINGS = [
 VARIANTS = ROOT / "configs" / "experiments" / "variants"
 
 
-def capstack(*args: str, workdir: Path) -> str:
-    """Run one capstack command in ``workdir``, its output shown and returned."""
+def capstack(*args: str, workdir: Path, log: TextIO | None = None) -> str:
+    """Run one capstack command in ``workdir``, its output shown (or written to ``log``) and
+    returned."""
     command = [sys.executable, str(ROOT / "cli.py"), *args]
-    print("$ capstack " + " ".join(args), flush=True)
-    done = subprocess.run(command, cwd=workdir, text=True, stdout=subprocess.PIPE)
-    print(done.stdout, end="", flush=True)
+    shown = log or sys.stdout
+    print("$ capstack " + " ".join(args), file=shown, flush=True)
+    done = subprocess.run(command, cwd=workdir, text=True, stdout=subprocess.PIPE,
+                          stderr=log and subprocess.STDOUT)
+    print(done.stdout, end="", file=shown, flush=True)
     if done.returncode != 0:
         raise SystemExit(f"capstack {' '.join(args)}: exited with status {done.returncode}")
     return done.stdout
@@ -108,23 +116,52 @@ def folders(name: str, suffix: str, seeds: list[int]) -> list[str]:
             f"exps/{name + '-' if variant else ''}seed{seed}/{folder}" for seed in seeds]
 
 
-def run_row(name: str, seeds: list[int], workdir: Path, stages: set[str], rl_too: bool
-            ) -> list[str]:
-    """Train and evaluate one row at every seed; the suffixes of the phases it has."""
+def row_phases(name: str, stages: set[str], rl_too: bool) -> list[tuple[str, str]]:
+    """The (stage family, evaluation suffix) of every phase row ``name`` has, XE's first."""
+    approach = name.split("+", 1)[0]
+    return [("train", "")] + [(family, suffix) for family, suffix in PHASES if rl_too
+                              and f"{family}@{approach}" in stages
+                              and f"evaluate@{approach}{suffix}" in stages]
+
+
+def run_row(name: str, seeds: list[int], workdir: Path, phases: list[tuple[str, str]],
+            log: TextIO | None = None) -> None:
+    """Train and evaluate every phase of one row at every seed."""
     approach = name.split("+", 1)[0]
     seeded = ["--seeds", ",".join(map(str, seeds))]
     named = ["--name", name] if "+" in name else []
     config = (["--set", f"config={variant_file(name).relative_to(ROOT)}"] if "+" in name
               else [])
-    capstack("run", f"train@{approach}", *seeded, *named, *config, workdir=workdir)
-    capstack("run", f"evaluate@{approach}", *seeded, *named, workdir=workdir)
-    suffixes = [""]
-    for family, suffix in PHASES if rl_too else ():
-        if f"{family}@{approach}" in stages and f"evaluate@{approach}{suffix}" in stages:
-            capstack("run", f"{family}@{approach}", *seeded, *named, workdir=workdir)
-            capstack("run", f"evaluate@{approach}{suffix}", *seeded, *named, workdir=workdir)
-            suffixes.append(suffix)
-    return suffixes
+    for family, suffix in phases:
+        capstack("run", f"{family}@{approach}", *seeded, *named,
+                 *(config if family == "train" else []), workdir=workdir, log=log)
+        capstack("run", f"evaluate@{approach}{suffix}", *seeded, *named, workdir=workdir,
+                 log=log)
+
+
+def run_in_parallel(rows: dict[str, list[tuple[str, str]]], seeds: list[int], workdir: Path,
+                    jobs: int, logs: Path) -> list[str]:
+    """Every (row, seed) chain, ``jobs`` at a time (a GPU, or many cores: each chain is one
+    process at a time), each one's output in ``logs/ROW-seedS.log``; the rows whose every chain
+    finished. A chain that fails is named with its log and the others go on."""
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def chain(name: str, seed: int) -> str | None:
+        log_path = logs / f"{name}-seed{seed}.log"
+        with log_path.open("w") as log:
+            try:
+                run_row(name, [seed], workdir, rows[name], log)
+            except SystemExit as failed:
+                return f"{name} seed {seed}: {failed} (see {log_path})"
+        print(f"done: {name} seed {seed}", flush=True)
+        return None
+
+    units = [(name, seed) for name in rows for seed in seeds]
+    with ThreadPoolExecutor(jobs) as pool:
+        failures = dict(zip(units, pool.map(lambda unit: chain(*unit), units)))
+    for failure in filter(None, failures.values()):
+        print(f"FAILED: {failure}", flush=True)
+    return [name for name in rows if not any(failures[(name, seed)] for seed in seeds)]
 
 
 def compare(a: list[str], b: list[str], out: Path, workdir: Path) -> dict:
@@ -183,12 +220,22 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=None, help="these rows (default: every "
                                                             "approach)")
     ap.add_argument("--xe-only", action="store_true", help="train and evaluate XE runs only")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="(row, seed) chains run at once, each its stages in turn, its output "
+                         "in OUT/logs/ROW-seedS.log (a GPU or many cores); default 1: in turn")
     args = ap.parse_args()
     from pipeline.engine.experiments import parse_seeds
 
     seeds, workdir = parse_seeds(",".join(args.seeds)), args.workdir.resolve()
     names, stages = args.only or list(DECODERS), stage_names(workdir)
-    rows = {name: run_row(name, seeds, workdir, stages, not args.xe_only) for name in names}
+    phases = {name: row_phases(name, stages, not args.xe_only) for name in names}
+    if args.jobs > 1:
+        done = run_in_parallel(phases, seeds, workdir, args.jobs, workdir / args.out / "logs")
+        phases = {name: phases[name] for name in done}
+    else:
+        for name in names:
+            run_row(name, seeds, workdir, phases[name])
+    rows = {name: [suffix for _, suffix in row] for name, row in phases.items()}
     evaluations = [",".join(folders(name, suffix, seeds)) for name, suffixes in rows.items()
                    for suffix in suffixes]
     capstack("report", *[f for e in evaluations for f in e.split(",")], "--versus-xe",

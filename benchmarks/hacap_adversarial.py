@@ -39,14 +39,17 @@ demo's grid store. Finished runs are reused, so an interrupted benchmark resumes
     python benchmarks/hacap_adversarial.py [--settings grammar free] [--seeds 0 1 2]
         [--arms ml adv adv_code control ml_image adv_image control_image]
         [--out runs/hacap_adversarial] [--set objective.discriminator.lr=5e-5 --out OTHER]
+        [--jobs 21]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -165,24 +168,49 @@ def d_figures(run: Path) -> dict:
                                                    for r in rounds)}
 
 
+def one_arm(setting: str, seed: int, arm: str, out: Path, stages: dict, extra: list[str]
+            ) -> dict:
+    """Train (or find finished) and evaluate one arm at one seed; its ML start must be done."""
+    run = out / setting / f"{arm}-seed{seed}"
+    start = out / setting / f"{START[arm]}-seed{seed}" / "best.pt" if arm in START else None
+    overrides = [f"data.captions={SETTINGS[setting]}", *seeded(arm_overrides(arm, stages), seed,
+                                                               start)]
+    seconds = trained(EXPERIMENT, run, overrides + extra)
+    return {"seconds": seconds, "best": evaluated(run, "best.pt"),
+            "last": evaluated(run, "last.pt"), "val": validation_curve(run), **d_figures(run)}
+
+
 def one_seed(setting: str, seed: int, out: Path, stages: dict, extra: list[str],
              arms=ARMS) -> dict:
-    captions = [f"data.captions={SETTINGS[setting]}"]
-    result = {}
-    for arm in with_starts(arms):
-        run = out / setting / f"{arm}-seed{seed}"
-        start = out / setting / f"{START[arm]}-seed{seed}" / "best.pt" if arm in START else None
-        overrides = captions + seeded(arm_overrides(arm, stages), seed, start)
-        seconds = trained(EXPERIMENT, run, overrides + extra)
-        result[arm] = {"seconds": seconds, "best": evaluated(run, "best.pt"),
-                       "last": evaluated(run, "last.pt"), "val": validation_curve(run),
-                       **d_figures(run)}
-    return result
+    return {arm: one_arm(setting, seed, arm, out, stages, extra) for arm in with_starts(arms)}
+
+
+def every_seed_in_parallel(setting: str, seeds: list[int], out: Path, stages: dict,
+                           extra: list[str], arms, jobs: int) -> dict[str, dict]:
+    """:func:`one_seed` for every seed, ``jobs`` arms at a time, each in its own process: the ML
+    runs first, then every arm that starts from one."""
+    todo = with_starts(arms)
+    results: dict[str, dict] = {str(seed): {} for seed in seeds}
+    spawn = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    with ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
+        for level in ([a for a in todo if a not in START], [a for a in todo if a in START]):
+            units = [(seed, arm) for seed in seeds for arm in level]
+            done = pool.map(one_arm, *zip(*[(setting, seed, arm, out, stages, extra)
+                                            for seed, arm in units]))
+            for (seed, arm), result in zip(units, done):
+                results[str(seed)][arm] = result
+    return {seed: {a: r[a] for a in todo} for seed, r in results.items()}
 
 
 def mean_spread(values) -> str:
-    values = np.asarray(values, float)
+    """Mean ± std of the values that exist (a figure is None where it is undefined: distinct-2
+    of captions one word long)."""
+    values = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
     return f"{values.mean():6.1f} ± {spread(values):4.1f}" if values.size else "-"
+
+
+def figure(run: dict, key: str, scale: float) -> float | None:
+    return None if run[key] is None else run[key] * scale
 
 
 def report(setting: str, seeds: dict) -> None:
@@ -199,14 +227,16 @@ def report(setting: str, seeds: dict) -> None:
         print(f"{'':>14}" + "".join(f"{name:>16}" for name, _, _ in FIGURES)
               + (f"{'minutes':>10}" if which == "best" else ""))
         for arm in arms:
-            cells = [mean_spread([r[arm][which][key] * scale for r in rows])
+            cells = [mean_spread([figure(r[arm][which], key, scale) for r in rows])
                      for _, key, scale in FIGURES]
             minutes = np.mean([r[arm]["seconds"] for r in rows]) / 60
             print(f"{arm:>14}" + "".join(f"{c:>16}" for c in cells)
                   + (f"{minutes:10.1f}" if which == "best" else ""))
         for adv, control in pairs:
             for name, key, scale in FIGURES:
-                gain = [(r[adv][which][key] - r[control][which][key]) * scale for r in rows]
+                gain = [None if None in (a, c) else a - c for a, c in
+                        ((figure(r[adv][which], key, scale), figure(r[control][which], key, scale))
+                         for r in rows)]
                 print(f"  {f'{adv} - {control}':<26}{name:>10}: {mean_spread(gain)}")
     for ml in mls:
         pretrained = [r[ml]["accuracy"][-1] for r in rows]
@@ -244,6 +274,9 @@ def main() -> None:
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every run, after the stages' own (e.g. "
                          "objective.discriminator.lr=5e-5); use another --out")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="arms trained at once, each in its own process (a GPU or many cores): "
+                         "every seed's ML runs, then every arm that starts from one")
     args = ap.parse_args()
     missing = [SETTINGS[s] for s in args.settings if not Path(SETTINGS[s]).is_dir()]
     if missing:
@@ -252,9 +285,13 @@ def main() -> None:
     stages = stage_settings(ROOT / "stages.yaml")
     results = {}
     for setting in args.settings:
-        results[setting] = {str(seed): one_seed(setting, seed, args.out, stages, args.extra,
-                                                args.arms)
-                            for seed in args.seeds}
+        if args.jobs > 1:
+            results[setting] = every_seed_in_parallel(setting, args.seeds, args.out, stages,
+                                                      args.extra, args.arms, args.jobs)
+        else:
+            results[setting] = {str(seed): one_seed(setting, seed, args.out, stages,
+                                                    args.extra, args.arms)
+                                for seed in args.seeds}
         report(setting, results[setting])
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
 
