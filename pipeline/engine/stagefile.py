@@ -100,6 +100,8 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from pipeline.core.errors import CapstackError, not_utf8, too_deep
+from pipeline.core.regular import read_text
+from pipeline.core.yamlfile import check_expanded
 
 _PARAM_REF = re.compile(r"\$\{([^}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -259,9 +261,6 @@ def load_stages_file(path: str | os.PathLike, commands: Iterable[str],
     return sf
 
 
-MAX_VALUES = 100_000  # values of a stages file once its YAML aliases are expanded
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """safe_load that refuses a key given twice in one mapping (YAML keeps the last silently,
     so a second stage of the same name would replace the first)."""
@@ -278,24 +277,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _count_values(value, budget: int) -> int:
-    """The values below ``value`` as a walk meets them (an alias once per use), stopping past
-    ``budget``: a YAML alias bomb is refused in as many steps as the budget."""
-    count, stack = 0, [value]
-    while stack and count <= budget:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
-
-
 def _read_yaml(path: Path) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "a stages file")
     except FileNotFoundError:
         raise CapstackError(f"{path}: stages file not found") from None
     except UnicodeDecodeError as e:
@@ -313,9 +297,7 @@ def _read_yaml(path: Path) -> dict:
         raise too_deep(path) from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping with a 'stages' key")
-    if _count_values(data, MAX_VALUES) > MAX_VALUES:
-        raise CapstackError(f"{path}: more than {MAX_VALUES} values once its YAML aliases are "
-                            f"expanded (an alias bomb?); a stages file is far smaller")
+    check_expanded(data, str(path), "a stages file")
     _refuse_unknown_keys(path, "", data, _TOP_KEYS)
     return data
 

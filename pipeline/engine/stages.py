@@ -43,6 +43,7 @@ from pipeline.core.entry import capstack_command
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
+from pipeline.core.regular import read_text
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
                                          distribution_versions, project_root)
@@ -120,7 +121,7 @@ class Pipeline:
         """The stages' records; a damaged lock file is set aside (never deleted), said, and
         read as empty: every stage then counts as never run."""
         try:
-            text = self.lock_path.read_text(encoding="utf-8")
+            text = read_text(self.lock_path, "the stages' lock file")
         except FileNotFoundError:
             return {}
         except UnicodeDecodeError:

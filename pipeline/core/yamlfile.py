@@ -1,0 +1,60 @@
+"""YAML a user wrote: bounded once its aliases are expanded, and shown in bounded words.
+
+YAML's aliases let a few hundred bytes name a value of billions: ``&a [x, x, ...]``, then
+``&b [*a, *a, ...]``, nine levels deep. The loader shares what an alias names, so the
+loaded value is small, but a walk over it (a check, a merge, a message that shows it) meets
+every use. Every YAML capstack reads from a user (a stages file, an experiment, a ``--set``
+value, an experiment's manifest) is walked once here, counting each use, and refused past
+:data:`MAX_VALUES` values or :data:`MAX_TEXT` characters of text: in as many steps as the
+bound, whatever the file would expand to. A message showing a value shows at most
+:data:`SHOWN` characters of it (:func:`shown`).
+"""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+from pipeline.core.errors import CapstackError
+
+MAX_VALUES = 100_000  # values once the aliases are expanded; a stages file holds ~1,000
+MAX_TEXT = 16 << 20  # characters of the strings and keys met on the way
+SHOWN = 200  # characters of a value a message shows
+
+
+def check_expanded(value: Any, where: str, what: str) -> Any:
+    """``value`` when its expansion (each alias once per use) stays within the bounds; else
+    ``WHERE: more than 100000 values once its YAML aliases are expanded (an alias bomb?);
+    WHAT is far smaller``. Stops as soon as a bound is passed."""
+    values = text = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        values += 1
+        if isinstance(item, (str, bytes)):
+            text += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set)):
+            stack.extend(item)
+        if values > MAX_VALUES:
+            raise CapstackError(f"{where}: more than {MAX_VALUES} values once its YAML aliases "
+                                f"are expanded (an alias bomb?); {what} is far smaller")
+        if text > MAX_TEXT:
+            raise CapstackError(f"{where}: more than {MAX_TEXT >> 20} MiB of text once its YAML "
+                                f"aliases are expanded (an alias bomb?); {what} is far smaller")
+    return value
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, SHOWN, SHOWN
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a few lines' worth: the nesting, the number of items and the
+    length of strings it shows are bounded, so a message about a huge value stays short (and
+    is made without building the whole repr)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 4 * SHOWN else text[:4 * SHOWN] + "..."
