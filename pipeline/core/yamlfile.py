@@ -13,9 +13,13 @@ bound, whatever the file would expand to. A message showing a value shows at mos
 from __future__ import annotations
 
 import reprlib
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import open_regular
 
 MAX_VALUES = 100_000  # values once the aliases are expanded; a stages file holds ~1,000
 MAX_TEXT = 16 << 20  # characters of the strings and keys met on the way
@@ -58,3 +62,36 @@ def shown(value: Any) -> str:
     is made without building the whole repr)."""
     text = _SHOWN.repr(value)
     return text if len(text) <= 4 * SHOWN else text[:4 * SHOWN] + "..."
+
+
+# -- extends: OTHER.yaml --------------------------------------------------------------------
+EXTENDS_READ_BYTES = 1 << 20  # a file another extends is an experiment: a few hundred bytes
+
+
+def extended_file(path: Path) -> Path | None:
+    """The file ``path`` extends (its top-level ``extends: OTHER.yaml``, relative to its
+    folder, as trainer/config.py reads an experiment), or None: no such key, or a file that is
+    not a small regular YAML mapping (the command that reads it says what is wrong)."""
+    if path.suffix not in (".yaml", ".yml"):
+        return None
+    try:
+        with open_regular(path, "a YAML file") as f:
+            text = f.read(EXTENDS_READ_BYTES + 1)
+        if len(text) > EXTENDS_READ_BYTES:
+            return None
+        data = check_expanded(yaml.safe_load(text.decode("utf-8")), str(path), "a YAML file")
+    except (OSError, CapstackError, UnicodeDecodeError, yaml.YAMLError, RecursionError,
+            ValueError):
+        return None
+    base = data.get("extends") if isinstance(data, dict) else None
+    return (path.parent / base).resolve() if isinstance(base, str) and base else None
+
+
+def extends_chain(path: Path, limit: int = 64) -> list[Path]:
+    """The files ``path`` extends, the nearest first, each once (a cycle ends the chain; the
+    command reading it refuses the cycle)."""
+    chain: list[Path] = []
+    while (path := extended_file(path)) is not None and path not in chain \
+            and len(chain) < limit:
+        chain.append(path)
+    return chain

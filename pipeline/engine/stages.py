@@ -44,6 +44,7 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
 from pipeline.core.regular import read_text
+from pipeline.core.yamlfile import extends_chain
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
                                          distribution_versions, project_root)
@@ -169,6 +170,20 @@ class Pipeline:
                    self._hashes.derived(f, "code", code_digest) for f in code_files(module)},
                 **distribution_versions(code_distributions(module))}
 
+    def _deps(self, stage: Stage) -> tuple[str, ...]:
+        """The stage's deps, and the files its YAML deps extend (``extends: OTHER.yaml``,
+        followed to the end of the chain): a variant's training is stale when the experiment
+        it extends changes, as when the variant itself does. Each is named from the workdir
+        when it lies inside it."""
+        found = list(stage.deps)
+        for dep in stage.deps:
+            for path in extends_chain(self._path(dep)):
+                name = str(path.relative_to(self.workdir)) if path.is_relative_to(self.workdir) \
+                    else str(path)
+                if name not in found:
+                    found.append(name)
+        return tuple(found)
+
     def _digests(self, paths: Iterable[str]) -> dict[str, dict | None]:
         out = {}
         for p in paths:
@@ -193,7 +208,8 @@ class Pipeline:
                            "registries")
         else:
             reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
-        reasons += self._path_changes("dep", record.get("deps") or {}, stage.deps, "changed")
+        reasons += self._path_changes("dep", record.get("deps") or {}, self._deps(stage),
+                                      "changed")
         reasons += self._path_changes("out", record.get("outs") or {}, stage.outs, "modified")
         self._hashes.save()
         return StageStatus(stage.name, STALE if reasons else UP_TO_DATE, tuple(reasons))
@@ -306,7 +322,7 @@ class Pipeline:
 
     def _execute(self, stage: Stage) -> None:
         self._check_outs_inside(stage)
-        deps = self._digests(stage.deps)
+        deps = self._digests(self._deps(stage))
         missing = [p for p, d in deps.items() if d is None]
         if missing:
             raise CapstackError(f"stage '{stage.name}': dep {missing[0]} does not exist "
