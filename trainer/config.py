@@ -48,9 +48,9 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.core.errors import CapstackError, not_utf8, too_deep
+from pipeline.core.errors import CapstackError, not_utf8, shown, too_deep
 from pipeline.core.regular import read_text
-from pipeline.core.yamlfile import check_expanded, shown
+from pipeline.core.yamlfile import check_expanded
 
 from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURES,  # noqa: F401
                             MAX_IMAGES, MAX_REGIONS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, Bound,

@@ -6,13 +6,12 @@ loaded value is small, but a walk over it (a check, a merge, a message that show
 every use. Every YAML capstack reads from a user (a stages file, an experiment, a ``--set``
 value, an experiment's manifest) is walked once here, counting each use, and refused past
 :data:`MAX_VALUES` values or :data:`MAX_TEXT` characters of text: in as many steps as the
-bound, whatever the file would expand to. A message showing a value shows at most
-:data:`SHOWN` characters of it (:func:`shown`).
+bound, whatever the file would expand to. A message showing a value shows it in bounded
+words (:func:`pipeline.core.errors.shown`).
 """
 
 from __future__ import annotations
 
-import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from pipeline.core.regular import open_regular
 
 MAX_VALUES = 100_000  # values once the aliases are expanded; a stages file holds ~1,000
 MAX_TEXT = 16 << 20  # characters of the strings and keys met on the way
-SHOWN = 200  # characters of a value a message shows
 
 
 def check_expanded(value: Any, where: str, what: str) -> Any:
@@ -49,19 +47,6 @@ def check_expanded(value: Any, where: str, what: str) -> Any:
             raise CapstackError(f"{where}: more than {MAX_TEXT >> 20} MiB of text once its YAML "
                                 f"aliases are expanded (an alias bomb?); {what} is far smaller")
     return value
-
-
-_SHOWN = reprlib.Repr()
-_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, SHOWN, SHOWN
-_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a few lines' worth: the nesting, the number of items and the
-    length of strings it shows are bounded, so a message about a huge value stays short (and
-    is made without building the whole repr)."""
-    text = _SHOWN.repr(value)
-    return text if len(text) <= 4 * SHOWN else text[:4 * SHOWN] + "..."
 
 
 # -- extends: OTHER.yaml --------------------------------------------------------------------
