@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 from pathlib import Path
 
@@ -206,7 +207,16 @@ def test_runs_notes_a_fifo_state_json_and_sigterm_stops_it(tmp_path, monkeypatch
 def test_a_fifo_as_a_training_log_is_refused_not_waited_on(tmp_path):
     from trainer.training.run import append_line
 
+    def waited(signum, frame):
+        raise TimeoutError("append_line waited for a reader of the FIFO")
+
     os.mkfifo(tmp_path / "metrics.jsonl")
-    with pytest.raises(CapstackError, match="not a regular file \\(a FIFO\\), never written"):
-        append_line(tmp_path / "metrics.jsonl", "{}")
+    before = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(10)  # an open that blocks fails the test, not hangs it
+    try:
+        with pytest.raises(CapstackError, match="not a regular file \\(a FIFO\\), never written"):
+            append_line(tmp_path / "metrics.jsonl", "{}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
 
