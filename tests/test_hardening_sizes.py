@@ -154,3 +154,16 @@ def test_the_graph_of_a_stages_file_is_checked_in_n_log_n(tmp_path):
                                             "outs": ["data/${key}"]}}}}))
         sizes[n] = load_seconds(path)
     assert sizes[2000] < 25 * sizes[250], sizes
+
+
+def test_an_alias_bomb_in_a_hand_edited_lock_is_shown_in_bounded_words(tmp_path):
+    (tmp_path / "stages.yaml").write_text(yaml.safe_dump({"stages": {"shapes": {
+        "cmd": "capstack shapes data --train ${x} --val 1 --test 1", "params": {"x": 1},
+        "outs": ["data"]}}}))
+    (tmp_path / "stages.lock").write_text(
+        "schema: 1\nstages:\n  shapes:\n    cmd: capstack shapes data --train ${x} --val 1 "
+        f"--test 1\n    params: {{x: {alias_bomb(6)}}}\n    deps: {{}}\n    outs: {{}}\n")
+    result = limited("stages", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "param x [[[" in result.stdout and "-> 1" in result.stdout
+    assert len(result.stdout) < 2000

@@ -40,7 +40,7 @@ import yaml
 
 from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.entry import capstack_command
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, shown
 from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
 from pipeline.core.regular import read_text
@@ -92,11 +92,12 @@ def _param_changes(recorded: Mapping, current: Mapping) -> list[str]:
     changes = []
     for key in sorted(set(recorded) | set(current)):
         if key not in recorded:
-            changes.append(f"param {key} added ({current[key]!r})")
+            changes.append(f"param {key} added ({shown(current[key])})")
         elif key not in current:
             changes.append(f"param {key} removed")
         elif recorded[key] != current[key] or type(recorded[key]) is not type(current[key]):
-            changes.append(f"param {key} {recorded[key]!r} -> {current[key]!r}")
+            # shown in bounded words: a hand-edited lock may hold anything, an alias bomb too
+            changes.append(f"param {key} {shown(recorded[key])} -> {shown(current[key])}")
     return changes
 
 
