@@ -220,3 +220,26 @@ def test_a_fifo_as_a_training_log_is_refused_not_waited_on(tmp_path):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
 
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_lock_file_that_is_a_fifo_or_a_device_is_refused_not_waited_on(tmp_path, kind):
+    """A second training into a run folder whose lock is a FIFO waited for ever to read who held
+    it (and one whose lock named /dev/zero read without end)."""
+    from pipeline.core.runlock import exclusive_beside
+
+    def waited(signum, frame):
+        raise TimeoutError("the lock's holder was read for ever")
+
+    special_file(tmp_path / "x.lock", kind)
+    before = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(10)
+    try:
+        with pytest.raises(CapstackError, match=r"x.lock: not a regular file \(a "):
+            with exclusive_beside(tmp_path / "x", "training into x"):
+                with exclusive_beside(tmp_path / "x", "training into x"):
+                    pass
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert still_special(tmp_path / "x.lock", kind)
