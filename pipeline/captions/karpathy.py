@@ -106,9 +106,8 @@ def image_box(path: Path, im: KarpathyImage, k: int, entry: Any) -> tuple[float,
     weights, which then find nothing, so every command reading boxes checks them here."""
     where = f"{path}: images[{im.index}] (imgid {im.imgid}).boxes[{k}]"
     box = entry.get("box") if isinstance(entry, dict) else entry
-    numbers = isinstance(box, list) and len(box) == 4 and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
-    if not numbers:
+    if not (isinstance(box, list) and len(box) == 4 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
         raise CapstackError(f"{where}: expected [x1, y1, x2, y2] (four numbers; boxes is a "
                             f"list of them), got {shown(box)}")
     if not all(abs(v) <= MAX_COORDINATE for v in box):  # NaN and infinity are not either

@@ -76,7 +76,8 @@ def extends_chain(path: Path, limit: int = 64) -> list[Path]:
     """The files ``path`` extends, the nearest first, each once (a cycle ends the chain; the
     command reading it refuses the cycle)."""
     chain: list[Path] = []
-    while (path := extended_file(path)) is not None and path not in chain \
-            and len(chain) < limit:
-        chain.append(path)
+    base = extended_file(path)
+    while base is not None and base not in chain and len(chain) < limit:
+        chain.append(base)
+        base = extended_file(base)
     return chain
