@@ -53,10 +53,12 @@ log = logging.getLogger(__name__)
 
 
 class Hdf5Writer(StoreWriter):
+    _sets: dict[str, h5py.Dataset]  # every dataset, open while the file is
+
     def __init__(self, path, meta):
         super().__init__(path, meta)
         self._file = None
-        self._sets: dict[str, h5py.Dataset] = {}
+        self._sets = {}
         self._chunk_bytes = 0
         self.meta["record_checksum"] = CHECKSUM
         with self.refusals_named():
