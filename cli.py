@@ -571,6 +571,9 @@ def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, 
     r = train_detector(dataset_json, image_root, out, cfg)
     attributes = (f", attribute accuracy {r['attribute_accuracy']:.3f}"
                   if r.get("attribute_accuracy") is not None else "")
+    if r["without_boxes"]:
+        click.echo(f"train-detector: {r['without_boxes']} train images have no labelled box "
+                   f"(a {label_key!r}): left out of training")
     click.echo(f"train-detector: {r['objects']} classes, {r['attributes']} attributes, "
                f"{r['train_seconds']:.0f} s; test split ({r['images']} images): mAP@[.5:.95] "
                f"{r['map']:.3f}, mAP@.5 {r['map50']:.3f}{attributes} -> {out}")
@@ -943,6 +946,8 @@ def stores_cmd(features_root):
         click.echo(f"  {r['name']}  {r['kind']}  {r['count']} records  {r['size_mb']:.1f} MB")
         if r.get("problem"):
             click.echo(f"      problem: {r['problem']}")
+        if r.get("users_problem"):
+            click.echo(f"      users unknown: {r['users_problem']}")
         for user in r["users"]:
             click.echo(f"      used by {user}")
 

@@ -103,7 +103,8 @@ class TrainConfig:
     init_optimizer: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # autocast: auto = bfloat16 on CUDA, none on a CPU; bfloat16 or float16 on either device
-    # (float16 with a gradient scaler); off. true / false (the old form) read as auto / off.
+    # (float16 with a gradient scaler; on a CPU not with nn.LSTM: show_tell, lstm3); off.
+    # true / false (the old form) read as auto / off.
     amp: Literal["auto", "bfloat16", "float16", "off"] = "auto"
     tensorboard: bool = False  # TensorBoard events in the run's events/ (capstack[tensorboard])
 

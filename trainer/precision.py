@@ -7,7 +7,9 @@
   gradients need no scaling. On a CPU with AMX (Sapphire Rapids and later) its matrix products
   run about 3x faster than float32's; on one without, more slowly;
 - ``float16``: float16 autocast with a gradient scaler (``torch.amp.GradScaler``): the loss is
-  scaled before backward so small gradients do not flush to zero, and unscaled before clipping;
+  scaled before backward so small gradients do not flush to zero, and unscaled before clipping.
+  On a CPU, not for a decoder built on nn.LSTM (show_tell, lstm3), which has no float16 kernel
+  there: refused before the first step;
 - ``off``: float32 throughout.
 
 Autocast runs the matrix products in the low precision and keeps reductions (softmax,
@@ -50,6 +52,17 @@ class Precision:
             raise CapstackError(
                 f"train.amp: float16 scales the decoder's gradients only; this objective also "
                 f"trains {', '.join(sorted(optimisers))} with its own optimiser: use bfloat16")
+
+    def refuse_unsupported(self, decoder: str, modules) -> None:
+        """float16 on a CPU: torch's nn.LSTM has no float16 kernel there (oneDNN raises
+        ``could not create a primitive descriptor for the LSTM``, at the first step)."""
+        if self.dtype is not torch.float16 or self.device.type != "cpu":
+            return
+        if any(isinstance(m, torch.nn.LSTM) for module in modules for m in module.modules()):
+            raise CapstackError(
+                f"train.amp: float16 on a CPU cannot run the {decoder} decoder: torch's "
+                f"nn.LSTM has no float16 kernel on a CPU; use bfloat16 or off there, or "
+                f"float16 on CUDA")
 
     def autocast(self):
         if self.dtype is None:

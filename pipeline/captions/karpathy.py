@@ -99,12 +99,50 @@ def load_karpathy(path: str | Path, *, images_inside_root: bool = True) -> Karpa
 MAX_COORDINATE = 2 ** 24  # pixels: far past any image's side, and exact in float32
 
 
+def box_where(path, im: KarpathyImage, k: int | None = None) -> str:
+    """``FILE: images[I] (imgid N).boxes[K]``: how a message names an image's box."""
+    return f"{path}: images[{im.index}] (imgid {im.imgid}).boxes" + ("" if k is None else f"[{k}]")
+
+
+def image_boxes(path, im: KarpathyImage) -> list:
+    """An image's ``boxes`` field: a list of boxes (none given: empty), else refused naming
+    the file and the image (a string's letters, or null, were read as boxes, or crashed)."""
+    boxes = im.extra.get("boxes", [])
+    if not isinstance(boxes, list):
+        raise CapstackError(f"{box_where(path, im)}: expected a list of boxes ([x1, y1, x2, "
+                            f"y2], or {{\"box\": [...], ...}} with its labels), got {shown(boxes)}")
+    return boxes
+
+
+def box_label(path, im: KarpathyImage, k: int, entry: Any, key: str) -> str | None:
+    """Label ``key`` of box ``k`` (a name: a string, or a whole number read as its text); None
+    when the box has none. Any other value is refused: a list there crashed a training."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise CapstackError(f"{box_where(path, im, k)}.{key}: expected a name, got "
+                            f"{shown(value)}")
+    return str(value)
+
+
+def box_inside(where: str, box, width: int, height: int) -> None:
+    """Refuse a box lying wholly outside its image (``width`` x ``height`` pixels), named
+    ``WHERE: [x1, y1, x2, y2] lies wholly outside...``: a box partly outside is clipped, one
+    wholly outside has nothing of the image in it (extraction described empty space, and a
+    backbone's crop failed)."""
+    x1, y1, x2, y2 = (round(float(v), 2) for v in box)
+    if x2 <= 0 or y2 <= 0 or x1 >= width or y1 >= height:
+        raise CapstackError(f"{where}: {shown([x1, y1, x2, y2])} lies wholly outside the image "
+                            f"({width}x{height} pixels)")
+
+
 def image_box(path: Path, im: KarpathyImage, k: int, entry: Any) -> tuple[float, ...]:
     """Box ``k`` of an image's ``boxes`` field (``[x1, y1, x2, y2]``, or ``{"box": [...]}``),
     in pixels: four finite numbers with x2 > x1 and y2 > y1, else refused naming the file,
     the image and the box. A box with NaN or its corners swapped trains a detector to NaN
     weights, which then find nothing, so every command reading boxes checks them here."""
-    where = f"{path}: images[{im.index}] (imgid {im.imgid}).boxes[{k}]"
+    where = box_where(path, im, k)
     box = entry.get("box") if isinstance(entry, dict) else entry
     if not (isinstance(box, list) and len(box) == 4 and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pipeline.captions.karpathy import image_box, load_karpathy
+from pipeline.captions.karpathy import (box_inside, box_label, box_where, image_box, image_boxes,
+                                        load_karpathy)
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
@@ -66,22 +67,27 @@ def object_crops(images, image_root: Path, shape_index: dict, color_index: dict,
             picture = load_rgb(path)
         except ImageSkipped as e:
             raise CapstackError(f"{path}: cannot train on this image ({e.reason})") from None
-        for k, obj in enumerate(im.extra.get("boxes", [])):
+        for k, obj in enumerate(image_boxes(where, im)):
             if not isinstance(obj, dict):
                 continue  # a bare [x1, y1, x2, y2]: no shape or colour to learn
-            shape, color = obj.get("shape") or obj.get("label"), obj.get("color")
+            shape = box_label(where, im, k, obj, "shape") or box_label(where, im, k, obj, "label")
+            color = box_label(where, im, k, obj, "color")
             if shape not in shape_index or color not in color_index:
                 continue
-            box = _crop_box(image_box(where, im, k, obj), picture.width, picture.height)
+            given = image_box(where, im, k, obj)
+            box_inside(box_where(where, im, k), given, picture.width, picture.height)
+            box = _crop_box(given, picture.width, picture.height)
             crops.append(transform(picture.crop(box)).half())
             shapes.append(shape_index[shape])
             colors.append(color_index[color])
     return ObjectCrops(torch.stack(crops), torch.tensor(shapes), torch.tensor(colors))
 
 
-def _names(images, key: str) -> list[str]:
-    names = {(b.get(key) or (b.get("label") if key == "shape" else None))
-             for im in images for b in im.extra.get("boxes", []) if isinstance(b, dict)}
+def _names(images, key: str, where: Path) -> list[str]:
+    """The names of boxes' ``key`` (a shape may be given as its ``label``), each checked."""
+    names = {box_label(where, im, k, b, key)
+             or (box_label(where, im, k, b, "label") if key == "shape" else None)
+             for im in images for k, b in enumerate(image_boxes(where, im))}
     return sorted(name for name in names if name is not None)
 
 
@@ -113,7 +119,8 @@ def train_backbone(dataset_json: Path, image_root: Path, out: Path, cfg: Backbon
 
     dataset = load_karpathy(dataset_json)
     train, val = dataset.split("train"), dataset.split("val")
-    shape_names, color_names = _names(train, "shape"), _names(train, "color")
+    shape_names = _names(train, "shape", dataset_json)
+    color_names = _names(train, "color", dataset_json)
     if not shape_names or not color_names:
         raise CapstackError(f"{dataset_json}: no labelled objects (images need 'boxes' with a "
                             f"box, a shape and a color) to train a backbone on")

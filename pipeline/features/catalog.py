@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
-from pipeline.core.regular import NotRegular, read_text
+from pipeline.features.placement import read_users
 from pipeline.features.stores import open_store
 from pipeline.features.stores.schema import finite
 
@@ -62,12 +61,11 @@ def size_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _users(store: Path) -> list[str]:
-    try:
-        users = json.loads(read_text(store.with_name(store.name + ".users.json"),
-                                     "a store's users"))
-    except (OSError, ValueError, NotRegular):
-        return []
+def _users(store: Path, row: dict) -> list[str]:
+    """Who used ``store``; a damaged users file is the row's ``users_problem``."""
+    users, problem = read_users(store)
+    if problem is not None:
+        row["users_problem"] = problem
     return [u.get("stage") or u.get("pointer") or "a direct command" for u in users]
 
 
@@ -78,7 +76,8 @@ def list_stores(root: Path) -> list[dict]:
     for path in sorted(root.iterdir()):
         if path.suffix not in (".lmdb", ".h5", ".hdf5"):
             continue
-        row = {"name": path.name, "size_mb": size_bytes(path) / 2**20, "users": _users(path)}
+        row: dict = {"name": path.name, "size_mb": size_bytes(path) / 2**20}
+        row["users"] = _users(path, row)
         try:
             store = open_store(path)
             row.update(kind=store.schema.describe(), count=len(store))
@@ -87,7 +86,8 @@ def list_stores(root: Path) -> list[dict]:
             row.update(kind="unreadable", count=0, problem=str(e))
         rows.append(row)
     for path in sorted(root.glob("*.partial")):
-        rows.append({"name": path.name, "kind": "unfinished", "count": 0,
-                     "size_mb": size_bytes(path) / 2**20, "users": _users(
-                         Path(str(path)[:-len(".partial")]))})
+        row = {"name": path.name, "kind": "unfinished", "count": 0,
+               "size_mb": size_bytes(path) / 2**20}
+        row["users"] = _users(Path(str(path)[:-len(".partial")]), row)
+        rows.append(row)
     return rows

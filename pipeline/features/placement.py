@@ -14,9 +14,11 @@ beside it ``<name>.users.json``: the pointers and stages that used it, for
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
+from pipeline.core.atomic import unused_sibling
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
 from pipeline.core.pointer import write_pointer
@@ -24,6 +26,7 @@ from pipeline.core.regular import NotRegular, read_text
 from pipeline.features.stores import open_store, store_format
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
+log = logging.getLogger(__name__)
 
 
 def features_root(explicit: str | Path | None = None) -> Path:
@@ -64,17 +67,42 @@ def check_reusable(path: Path, fp: str) -> Path:
     return path
 
 
-def publish(store: Path, fp: str, pointer: Path | None) -> None:
-    """Record who used ``store`` (the running stage, the pointer) and write the pointer."""
-    users_file = store.with_name(store.name + ".users.json")
+def users_file(store: Path) -> Path:
+    return store.with_name(store.name + ".users.json")
+
+
+def read_users(store: Path) -> tuple[list[dict], str | None]:
+    """The users recorded beside ``store`` (each ``{"stage": ..., "pointer": ...}``), and what
+    is wrong with the file when it is damaged (None: read, or none yet). A damaged file is
+    no reason to refuse a store, or to list none."""
+    path = users_file(store)
     try:
-        users = json.loads(read_text(users_file, "a store's users"))
-    except (OSError, ValueError, NotRegular):
-        users = []
+        users = json.loads(read_text(path, "a store's users"))
+    except FileNotFoundError:
+        return [], None
+    except NotRegular as error:
+        return [], str(error)
+    except (OSError, ValueError, RecursionError) as error:  # UnicodeDecodeError: a ValueError
+        return [], f"{path}: damaged ({getattr(error, 'strerror', None) or error})"
+    if not isinstance(users, list) or not all(
+            isinstance(u, dict) and all(isinstance(u.get(k, ""), str) for k in ("stage", "pointer"))
+            for u in users):
+        return [], f"{path}: damaged (expected a list of {{\"stage\": ..., \"pointer\": ...}})"
+    return users, None
+
+
+def publish(store: Path, fp: str, pointer: Path | None) -> None:
+    """Record who used ``store`` (the running stage, the pointer) and write the pointer. A
+    damaged users file is set aside (``.damaged``), said, and started again."""
+    users, problem = read_users(store)
+    if problem is not None and users_file(store).is_file():
+        kept = unused_sibling(users_file(store), ".damaged")
+        os.replace(users_file(store), kept)
+        log.warning("%s; moved to %s, and the store's users are recorded afresh", problem, kept)
     entry = {"stage": os.environ.get("CAPSTACK_STAGE", ""),
              "pointer": str(Path(pointer).resolve()) if pointer else ""}
     if entry not in users:
         users.append(entry)
-        write_json(users_file, users)
+        write_json(users_file(store), users)
     if pointer:
         write_pointer(pointer, store, fp)

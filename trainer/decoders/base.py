@@ -35,14 +35,19 @@ WordFeed = Callable[[Tensor, Tensor], Tensor]  # (the caption's words at t, logi
 
 
 MAX_WIDTH = 65_536  # the largest size a decoder setting may ask for
+# the most layers or stages (a setting named *layers or *stages): the papers' deepest is 6; a
+# depth of 65,536 took minutes to build even on the meta device, before any memory was asked
+MAX_DEPTH = 100
 
 
 @dataclass
 class DecoderConfig:
     """What every decoder's settings share, checked when an experiment is read (a bad value
     is named, ``FILE: decoder.embed: ...``, before torch meets it): sizes are whole numbers
-    from 1 to :data:`MAX_WIDTH` (from 0 where the default is 0, meaning none), a dropout lies
-    in [0, 1), and every other number is finite and not negative."""
+    from 1 to :data:`MAX_WIDTH` (from 0 where the default is 0, meaning none), a depth (a
+    setting named ``*layers`` or ``*stages``) to :data:`MAX_DEPTH`, a dropout lies in [0, 1),
+    and every other number is finite and not negative. What a machine can hold is checked
+    when a run is built (trainer/training/fits.py)."""
 
     def check(self):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -51,8 +56,9 @@ class DecoderConfig:
                 continue
             if isinstance(value, int):
                 low = 0 if defaults.get(name) == 0 else 1
-                if not low <= value <= MAX_WIDTH:
-                    yield f"{name}: must be from {low} to {MAX_WIDTH}, got {value}"
+                high = MAX_DEPTH if name.endswith(("layers", "stages")) else MAX_WIDTH
+                if not low <= value <= high:
+                    yield f"{name}: must be from {low} to {high}, got {value}"
             elif not math.isfinite(value) or value < 0:
                 yield f"{name}: must be a finite number, 0 or more, got {value}"
             elif "dropout" in name and value >= 1:

@@ -26,6 +26,8 @@ cider_cache.py), refused when made from other data than the run trains on.
 from __future__ import annotations
 
 import json
+import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -35,12 +37,16 @@ import numpy as np
 from pipeline.captions.vocab import digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import open_regular
 from trainer.rewards import REWARDS
 from trainer.rewards.base import Reward
 
 MAX_N = 4
 SIGMA = 6.0
 MAX_BASE = 2 ** 15  # BASE**4 * 4 must fit in int64
+REBUILD = "rebuild it: capstack cider-cache"
+_ARRAYS = {"ngrams": 1, "df": 1, "image_ids": 1, "ref_start": 1, "image_ngrams": 1,
+           "image_ngram_weights": 2, "ref_norms": 2, "ref_lengths": 1}  # a cache's: dimensions
 
 
 def ngram_counts(tokens: np.ndarray, lengths: np.ndarray,
@@ -202,17 +208,68 @@ class CiderD:
 
     @classmethod
     def load(cls, path: str | Path) -> "CiderD":
+        """The cache at ``path``, each part checked (a damaged cache is named, and a file that
+        is no .npz never reaches numpy's pickle fallback)."""
         try:
-            with np.load(path) as data:
-                header = json.loads(data["header"].tobytes())
-                arrays = {k: data[k] for k in data.files if k != "header"}
+            with open_regular(path, "a CIDEr-D cache") as f:
+                if f.read(2) != b"PK":  # a zip: what np.savez writes
+                    raise CapstackError(f"{path}: not a CIDEr-D cache (not an .npz file); "
+                                        f"{REBUILD}")
+                f.seek(0)
+                with np.load(f) as data:
+                    header = json.loads(data["header"].tobytes())
+                    arrays = {k: data[k] for k in data.files if k != "header"}
         except FileNotFoundError:
             raise CapstackError(f"{path}: CIDEr-D cache not found (run its stage: capstack "
                                 f"cider-cache)") from None
-        except (ValueError, KeyError, OSError) as error:
-            raise CapstackError(f"{path}: not a CIDEr-D cache ({error})") from None
+        except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile,
+                RecursionError) as error:
+            raise CapstackError(f"{path}: not a CIDEr-D cache ({_unreadable(error)}); "
+                                f"{REBUILD}") from None
+        problem = _cache_problem(header, arrays)
+        if problem:
+            raise CapstackError(f"{path}: a damaged CIDEr-D cache ({problem}); {REBUILD}")
         return cls(header["words"], header["vocab_size"], header["base"], header["log_n"],
                    **arrays)
+
+
+def _unreadable(error: BaseException) -> str:
+    """Why numpy could not read a cache, in words that never suggest ``allow_pickle``."""
+    text = str(error)
+    if "allow_pickle" in text:
+        return "it holds pickled Python objects, which capstack never loads"
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _cache_problem(header, arrays: dict) -> str | None:
+    """What is wrong with a loaded cache's header and arrays, or None: the types and the
+    lengths that scoring relies on."""
+    if not isinstance(header, dict):
+        return "its header is not a mapping"
+    words, size = header.get("words"), header.get("vocab_size")
+    if not (isinstance(words, list) and all(isinstance(w, str) for w in words)):
+        return "header.words: expected a list of words"
+    if not (isinstance(size, int) and 0 < size <= len(words)):
+        return f"header.vocab_size: expected 1 to {len(words)}, got {size!r}"
+    base = header.get("base")
+    if not (isinstance(base, int) and len(words) <= base <= MAX_BASE):
+        return f"header.base: expected {len(words)} to {MAX_BASE}, got {base!r}"
+    if not (isinstance(header.get("log_n"), (int, float)) and math.isfinite(header["log_n"])):
+        return "header.log_n: expected a finite number"
+    if set(arrays) != set(_ARRAYS):
+        return f"expected the arrays {', '.join(sorted(_ARRAYS))}, found " \
+               f"{', '.join(sorted(arrays)) or 'none'}"
+    for name, ndim in _ARRAYS.items():
+        if arrays[name].ndim != ndim or arrays[name].dtype.kind not in "iuf":
+            return f"{name}: expected {ndim}-d numbers, got {arrays[name].dtype} of shape " \
+                   f"{arrays[name].shape}"
+    a = arrays
+    if not (len(a["ngrams"]) == len(a["df"]) and len(a["ref_start"]) == len(a["image_ids"]) + 1
+            and len(a["image_ngrams"]) == len(a["image_ngram_weights"])
+            and len(a["ref_norms"]) == len(a["ref_lengths"]) and a["ref_norms"].shape[1] == MAX_N
+            and len(a["ref_start"]) and a["ref_start"][-1] == len(a["ref_lengths"])):
+        return "its arrays disagree in length"
+    return None
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:

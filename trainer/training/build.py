@@ -18,6 +18,7 @@ from trainer.decoders.base import Decoder
 from trainer.objectives import Objective, Setting, TrainingLoss, build_objective
 from trainer.optimizers import build_optimizer
 from trainer.precision import Precision
+from trainer.training.fits import check_fits
 
 
 @dataclass
@@ -57,6 +58,7 @@ def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
     (what it draws of its own, where its entries go)."""
     t = config.train
     captions, features = data_of(config)
+    check_fits(config, len(captions.vocab), features.feature_dim, device)
     torch.manual_seed(t.seed)  # the same initial weights (the objective's too) per seed
     model = config.build_decoder(len(captions.vocab), features.feature_dim).to(device)
     batches = TrainBatches(captions, features, batch_size=t.batch_size,
@@ -70,6 +72,7 @@ def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
     objective.bind(model)
     precision = Precision(t.amp, device)
     precision.refuse_own_optimisers(objective.optimizers())
+    precision.refuse_unsupported(config.decoder.name, [model, objective])
     optimizer = build_optimizer(
         t.optimizer.name, t.optimizer.config,
         [{"params": params, "name": name} for name, params in model.parameter_groups().items()],

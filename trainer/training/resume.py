@@ -5,16 +5,19 @@ its identity, its recipe, its start, its optimiser's shapes)."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.core.atomic import atomic_file
+from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import read_json
+from pipeline.core.regular import read_bytes
 from trainer.checkpoint import check_identity, load_checkpoint
 from trainer.config import ExperimentConfig, experiment_from_dict
 
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 # init_from: the start is compared by content (its md5, in resume), wherever the file now lies
 RESUMABLE_CHANGES = {"epochs", "device", "amp", "checkpoint_every", "log_every", "init_from",
                      "tensorboard", "early_stop_patience"}
+log = logging.getLogger(__name__)
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
 
@@ -154,13 +158,42 @@ def check_optimiser_state(saved: dict, optimizer: torch.optim.Optimizer, path: P
 
 def trim_log(path: Path, epoch: int, step: int) -> None:
     """Drop the log lines written after the checkpoint at (epoch, step): a killed run's lost
-    work."""
-    if not path.is_file():
+    work. A line that is no log entry (half written by a kill, edited by hand) is dropped too,
+    said in a warning, and the log as it was is kept beside it (``metrics.jsonl.damaged``)."""
+    try:
+        data = read_bytes(path, "a training log")
+    except FileNotFoundError:
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and
-            _before_checkpoint(json.loads(line), epoch, step)]
+    kept, bad = [], []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        entry = _log_entry(line)
+        if entry is None:
+            bad.append(number)
+        elif _before_checkpoint(entry, epoch, step):
+            kept.append(line.decode("utf-8"))
+    if bad:
+        aside = unused_sibling(path, ".damaged")
+        shutil.copyfile(path, aside)
+        log.warning("%s: line%s %s %s no log entry; dropped (the log as it was is kept as %s)",
+                    path, "s" if len(bad) > 1 else "", ", ".join(map(str, bad[:5])) +
+                    (f" and {len(bad) - 5} more" if len(bad) > 5 else ""),
+                    "are" if len(bad) > 1 else "is", aside)
     with atomic_file(path) as tmp:
-        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def _log_entry(line: bytes) -> dict | None:
+    """A log line's entry (a JSON object with the fields the trim reads), or None."""
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(entry, dict):
+        return None
+    number = entry.get("epoch") if entry.get("kind") == "val" else entry.get("step", 0)
+    return entry if isinstance(number, int) and not isinstance(number, bool) else None
 
 
 def _before_checkpoint(entry: dict, epoch: int, step: int) -> bool:

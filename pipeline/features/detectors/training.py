@@ -19,8 +19,9 @@ from typing import cast
 
 import torch
 
-from pipeline.captions.karpathy import image_box, load_karpathy
-from pipeline.core.errors import CapstackError
+from pipeline.captions.karpathy import (box_inside, box_label, box_where, image_box, image_boxes,
+                                        load_karpathy)
+from pipeline.core.errors import CapstackError, shown
 from pipeline.core.jsonfile import write_json
 from pipeline.features.detectors import quality, targets
 from pipeline.features.detectors.caffe_resnet import ResNetShape
@@ -61,11 +62,12 @@ class Example:
         return self.image.float() / 255.0
 
 
-def label_names(images, key: str | None) -> list[str]:
+def label_names(images, key: str | None, where: Path) -> list[str]:
     if key is None:
         return []
-    return sorted({str(b[key]) for im in images for b in im.extra.get("boxes", [])
-                   if isinstance(b, dict) and b.get(key) is not None})
+    names = {box_label(where, im, k, b, key) for im in images
+             for k, b in enumerate(image_boxes(where, im))}
+    return sorted(name for name in names if name is not None)
 
 
 def examples(images, image_root: Path, objects: dict[str, int], attributes: dict[str, int],
@@ -81,16 +83,19 @@ def examples(images, image_root: Path, objects: dict[str, int], attributes: dict
         except ImageSkipped as e:
             raise CapstackError(f"{path}: cannot train on this image ({e.reason})") from None
         boxes, labels, attrs = [], [], []
-        for k, b in enumerate(im.extra.get("boxes", [])):
+        for k, b in enumerate(image_boxes(where, im)):
             if not isinstance(b, dict) or "box" not in b:
-                raise CapstackError(f"{where}: images[{im.index}].boxes[{k}]: expected "
-                                    f'{{"box": [x1, y1, x2, y2], "{cfg.label_key}": ...}}')
-            name = b.get(cfg.label_key)
-            if name is None or str(name) not in objects:
-                continue  # a label the train split never shows
-            boxes.append(list(image_box(where, im, k, b)))
-            labels.append(objects[str(name)])
-            attrs.append(attributes.get(str(b.get(cfg.attribute_key)), 0)
+                raise CapstackError(f"{where}: images[{im.index}] (imgid {im.imgid}).boxes[{k}]: "
+                                    f'expected {{"box": [x1, y1, x2, y2], "{cfg.label_key}": '
+                                    f"...}}, got {shown(b)}")
+            box = image_box(where, im, k, b)
+            box_inside(box_where(where, im, k), box, picture.width, picture.height)
+            name = box_label(where, im, k, b, cfg.label_key)
+            if name is None or name not in objects:
+                continue  # unlabelled, or a label the train split never shows
+            boxes.append(list(box))
+            labels.append(objects[name])
+            attrs.append(attributes.get(str(box_label(where, im, k, b, cfg.attribute_key)), 0)
                          if cfg.attribute_key else 0)
         out.append(Example(pil_to_uint8(picture), torch.tensor(boxes).reshape(-1, 4),
                            torch.tensor(labels, dtype=torch.int64),
@@ -193,15 +198,15 @@ def train_detector(dataset_json: Path, image_root: Path, out: Path, cfg: Detecto
 
     dataset = load_karpathy(dataset_json)
     train = dataset.split("train")
-    objects = label_names(train, cfg.label_key)
-    attributes = label_names(train, cfg.attribute_key)
+    objects = label_names(train, cfg.label_key, dataset_json)
+    attributes = label_names(train, cfg.attribute_key, dataset_json)
     if not objects:
         raise CapstackError(f"{dataset_json}: no boxes with a {cfg.label_key!r} in the train "
                             f"split to train a detector on")
     object_index = {n: k + 1 for k, n in enumerate(objects)}
     attribute_index = {n: k + 1 for k, n in enumerate(attributes)}
-    train_set = examples(train, Path(image_root), object_index, attribute_index, cfg,
-                         dataset_json, progress)
+    train, train_set, unboxed = with_boxes(train, examples(
+        train, Path(image_root), object_index, attribute_index, cfg, dataset_json, progress))
     test_set = examples(dataset.split("test"), Path(image_root), object_index, attribute_index,
                         cfg, dataset_json, False)
     torch.manual_seed(cfg.seed)
@@ -243,4 +248,12 @@ def train_detector(dataset_json: Path, image_root: Path, out: Path, cfg: Detecto
                                           "dataset": str(Path(dataset_json).resolve()),
                                           "train_seconds": round(seconds, 1)})
     return {"out": str(out), "objects": len(objects), "attributes": len(attributes),
-            "train_seconds": seconds, **metrics}
+            "train_seconds": seconds, "without_boxes": unboxed, **metrics}
+
+
+def with_boxes(images: list, found: list[Example]) -> tuple[list, list[Example], int]:
+    """The train images with a labelled box, their examples, and how many were left out: an
+    image without one (``boxes: []``, or none labelled) has nothing to match proposals to,
+    and the loss failed on it (as torchvision's detection references leave such images out)."""
+    kept = [(im, e) for im, e in zip(images, found) if len(e.boxes)]
+    return [im for im, _ in kept], [e for _, e in kept], len(images) - len(kept)

@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, not_utf8
 from pipeline.core.regular import read_text
 from trainer.evaluation.figures.render import save_png
 
@@ -35,6 +35,8 @@ def _read_metrics(path: Path) -> list[dict]:
         text = read_text(path, "a training log")
     except FileNotFoundError:
         raise CapstackError(f"{path}: metrics file not found") from None
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e) from None
     except OSError as e:
         raise CapstackError(f"{path}: cannot read metrics file ({e.strerror})") from None
     records = []

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.captions.karpathy import image_box, load_karpathy
+from pipeline.captions.karpathy import box_inside, image_box, image_boxes, load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.features.detectors.selection import RegionExtractor
 from pipeline.features.extract.job import Extraction
@@ -80,9 +80,7 @@ def _image_boxes(dataset_json: Path, im) -> np.ndarray:
     where = f"{dataset_json}: images[{im.index}] (imgid {im.imgid})"
     if "boxes" not in im.extra:
         raise CapstackError(f'{where}: no "boxes" field, which --boxes given needs')
-    if not isinstance(im.extra["boxes"], list):
-        raise CapstackError(f"{where}.boxes: expected a list of [x1, y1, x2, y2]")
-    rows = [image_box(dataset_json, im, k, b) for k, b in enumerate(im.extra["boxes"])]
+    rows = [image_box(dataset_json, im, k, b) for k, b in enumerate(image_boxes(dataset_json, im))]
     return np.asarray(rows, dtype=np.float32).reshape(len(rows), 4)
 
 
@@ -94,8 +92,14 @@ def _boxes_digest(boxes: dict[int, np.ndarray]) -> str:
 
 
 def batch_model(extractor: RegionExtractor, device: torch.device,
-                boxes: dict[int, np.ndarray] | None):
+                boxes: dict[int, np.ndarray] | None, dataset_json: Path | None = None):
+    """The model of an extraction; with ``boxes`` (``--boxes given``, read from
+    ``dataset_json``), each image's own, refused when one lies wholly outside the image."""
     def run(batch: dict) -> list[Record]:
+        if boxes is not None:
+            for image_id, h, w in zip(batch["image_ids"], batch["heights"], batch["widths"]):
+                for k, box in enumerate(boxes[image_id]):
+                    box_inside(f"{dataset_json}: image {image_id}: boxes[{k}]", box, w, h)
         images = [img.to(device, non_blocking=True) for img in batch["images"]]
         wanted = None if boxes is None else [torch.from_numpy(boxes[i]).to(device)
                                               for i in batch["image_ids"]]
@@ -170,7 +174,7 @@ class RegionKind(ExtractorKind):
             describe={"weights": weights_path, "layer": probe.layer,
                       "resize": f"shorter side {s.min_size}, longer at most {s.max_size}",
                       **about},
-            make_model=lambda: batch_model(probe.to(device), device, boxes),
+            make_model=lambda: batch_model(probe.to(device), device, boxes, dataset_json),
             transform=detector_transform(s.min_size, s.max_size),
             pin_memory=device.type == "cuda")
 
