@@ -35,7 +35,7 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.regular import read_text
 from pipeline.core.yamlfile import check_expanded
 from pipeline.engine.stagefile import Stage, StagesFile, parse_assignment
-from pipeline.engine.stages import Pipeline, StageStatus
+from pipeline.engine.stages import Pipeline, StageStatus, same_value
 
 EXPERIMENTS = "exps"  # the experiments' folder, under the workdir
 MANIFEST = "experiment.yaml"
@@ -140,7 +140,7 @@ def open_experiment(workdir: Path, name: str, params: Mapping[str, Any],
         _write(experiment)
         return experiment
     experiment = read_experiment(workdir, name)
-    if params and dict(params) != experiment.params:
+    if params and not same_value(dict(params), experiment.params):
         raise CapstackError(
             f"experiment '{name}' was made with other settings "
             f"({'; '.join(settings_differences(experiment.params, params))}); run it without "
@@ -186,7 +186,7 @@ def changed_stages(file: StagesFile, experiment: Experiment) -> dict[str, Stage]
         if not settings:
             continue
         resolved = file.overridden(name, settings)
-        if resolved.params != stage.params:
+        if not same_value(resolved.params, stage.params):
             changed[name] = resolved
     return changed
 

@@ -101,7 +101,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from pipeline.core.errors import CapstackError, not_utf8, too_deep
+from pipeline.core.errors import CapstackError, not_utf8, shown, too_deep
 from pipeline.core.regular import read_text
 from pipeline.core.yamlfile import check_expanded
 
@@ -496,6 +496,11 @@ def _expand(path: Path, name: Any, body: Any) -> list[StageTemplate]:
                             f"mapping of keys to values")
     templates = []
     for key, values in items.items():
+        if any(part in (".", "..") for part in str(key).split("/")):
+            # runs/${key} with key '..' named the workdir itself as the stage's out
+            raise CapstackError(f"{path}: {where}.foreach: key {shown(str(key))}: a key names a "
+                                f"stage, and may be a path below the workdir (a/b), never with "
+                                f"a '.' or '..' part")
         values = _check_params(path, f"{where}.foreach.{key}", values or {})
         template = _check_stage(path, f"{name}@{key}", body.get("do"))
         loop = {"key": str(key), **{f"item.{k}": v for k, v in values.items()}}

@@ -28,6 +28,7 @@ program's code is what the stage lists among its deps.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import signal
@@ -36,6 +37,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, TypeGuard
+from urllib.parse import quote
 
 import yaml
 
@@ -90,6 +92,20 @@ def _is_lock_records(stages) -> TypeGuard[dict]:
     return True
 
 
+def same_value(a, b) -> bool:
+    """Whether a param's recorded value is its value now: of the same type, and equal, NaN
+    being the same as NaN (``.nan != .nan``: a stage with a NaN param was never up to date)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return a == b
+
+
 def _param_changes(recorded: Mapping, current: Mapping) -> list[str]:
     changes = []
     for key in sorted(set(recorded) | set(current)):
@@ -97,10 +113,17 @@ def _param_changes(recorded: Mapping, current: Mapping) -> list[str]:
             changes.append(f"param {key} added ({shown(current[key])})")
         elif key not in current:
             changes.append(f"param {key} removed")
-        elif recorded[key] != current[key] or type(recorded[key]) is not type(current[key]):
+        elif not same_value(recorded[key], current[key]):
             # shown in bounded words: a hand-edited lock may hold anything, an alias bomb too
             changes.append(f"param {key} {shown(recorded[key])} -> {shown(current[key])}")
     return changes
+
+
+def lock_name(stage: str) -> str:
+    """A stage's name as one file name, one to one: a foreach key may be a path (``t@a/b``),
+    and ``/`` is written ``%2F`` (it was ``--``, which ``t@a--b`` has too: the two stages
+    shared one running-lock, and each refused while the other ran)."""
+    return quote(stage, safe="@+")
 
 
 class Pipeline:
@@ -300,8 +323,7 @@ class Pipeline:
         return [n for n in self.file.order if self._run_one(self.file.stage(n), False, report)]
 
     def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
-        flat = stage.name.replace("/", "--")  # a foreach key may be a path: one file name
-        holder = self.state_dir / "running" / f"{self.file.path.stem}.{flat}.pid"
+        holder = self.state_dir / "running" / f"{self.file.path.stem}.{lock_name(stage.name)}.pid"
         with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}") as lock:
             status = self.own_status(stage)
             if status.up_to_date and not force:
@@ -313,10 +335,17 @@ class Pipeline:
             return True
 
     def _check_outs_inside(self, stage: Stage) -> None:
-        """Refuse an out outside the workdir (``../x``, ``/abs``) unless the user opted in:
-        a careless path would otherwise be written, and later replaced, wherever it points."""
-        outside = [o for o in stage.outs if os.path.isabs(o) or o == os.pardir
-                   or o.startswith(os.pardir + os.sep)]
+        """Refuse an out outside the workdir (``../x``, ``/abs``, ``a/../..``) unless the user
+        opted in: a careless path would otherwise be written, and later replaced, wherever it
+        points. An out naming the workdir itself (``.``, ``runs/..``) is always refused."""
+        paths = [(o, os.path.normpath(o)) for o in stage.outs]
+        itself = [o for o, norm in paths if norm == os.curdir]
+        if itself:
+            raise CapstackError(
+                f"{self.file.path}: stages.{stage.name}.outs: '{itself[0]}' is the workdir "
+                f"{self.workdir} itself; an out is a file or a folder inside it")
+        outside = [o for o, norm in paths if os.path.isabs(norm) or norm == os.pardir
+                   or norm.startswith(os.pardir + os.sep)]
         if outside and not self.outs_outside_workdir:
             raise CapstackError(
                 f"{self.file.path}: stages.{stage.name}.outs: '{outside[0]}' is outside the "
