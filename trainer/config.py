@@ -14,8 +14,9 @@ registered class and whose other keys fill that class's own config dataclass::
 Everything is checked when the file is read, before a store or a model is
 opened: types, choices, each component's own checks, and whether the objective
 can train the decoder. ``--set train.epochs=3`` or ``--set objective.baseline=mean``
-overrides one value. Another component's name starts its section afresh (the
-settings of the one it replaces would not fit): ``--set objective.name=scst
+overrides one value; a mapping (``--set 'train={epochs: 3, lr: 1e-4}'``) is laid over the
+section, as ``extends`` lays a file over another. Another component's name starts its
+section afresh (the settings of the one it replaces would not fit): ``--set objective.name=scst
 --set 'objective.reward={name: cider-d, cache: c.npz}'`` turns any experiment into
 SCST. A component's config may hold components of its own (SCST's ``reward``, a
 mix's ``parts``): a field declared with ``component(REGISTRY)`` is read the same
@@ -262,7 +263,18 @@ def apply_override(data: dict, item: str, where: str, schema: type | None = None
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise CapstackError(f"{where}: --set {key}: {part} is not a section")
-    node[last] = parsed
+    node[last] = over(node.get(last), parsed)
+
+
+def over(below: Any, given: Any) -> Any:
+    """What ``--set KEY=GIVEN`` leaves at KEY: a mapping laid over the mapping there, as
+    ``extends`` lays a file over another (``--set 'train={epochs: 3}'`` keeps the file's other
+    train keys; it dropped them), unless it names another component, which starts afresh."""
+    if not (isinstance(given, dict) and isinstance(below, dict)):
+        return given
+    if "name" in given and given["name"] != below.get("name"):
+        return given
+    return laid_over(below, given)
 
 
 def is_component(schema: type, data: dict, path: list[str]) -> bool:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,7 @@ from pipeline.captions.karpathy import KarpathyDataset, load_karpathy
 from pipeline.captions.lemmatize import lemmatize_dataset
 from pipeline.captions.lemmatizers import build_lemmatizer
 from pipeline.captions.prepared import SPLIT_CODES, write_checksums
-from pipeline.captions.vocab import UNK_ID, Vocabulary
+from pipeline.captions.vocab import SPECIALS, UNK_ID, Vocabulary
 from pipeline.captions.vocab_rules import DEFAULT_RULE, VOCAB_RULES
 from pipeline.core.atomic import atomic_dir, check_replaceable
 from pipeline.core.errors import CapstackError
@@ -88,7 +89,10 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
         dataset = without_restval(dataset)
     if lemmas is not None:
         dataset = lemmatize_dataset(dataset, lemmas)
+    require_train_words(dataset, dataset_json, restval)
     vocab = rule(dataset, min_count)
+    if len(vocab) <= len(SPECIALS):
+        raise CapstackError(empty_vocabulary(dataset, dataset_json, vocab_rule, min_count))
     labels, lengths, starts, ends = encode_captions(dataset, vocab, max_len, progress)
     summary = {**_summary(dataset, vocab, max_len, min_count), "restval": restval}
     record = lemmas.record() if lemmas is not None else None
@@ -108,6 +112,26 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
         _write_json(tmp / "summary.json", summary)
         write_checksums(tmp)  # last: the md5 of every file above, checked by load_captions
     return summary
+
+
+def require_train_words(dataset: KarpathyDataset, dataset_json, restval: str) -> None:
+    """Refuse a dataset without a train caption: its vocabulary would hold no word, and no
+    training could use it (prepare wrote it, and exited 0)."""
+    if any(im.sentences for im in dataset.split("train")):
+        return
+    counts = ", ".join(f"{split} {len(dataset.split(split))}" for split in OUT_SPLITS)
+    dropped = " (--restval drop left out the restval images)" if restval == "drop" else ""
+    raise CapstackError(f"{dataset_json}: no train captions (images by split: {counts}){dropped}; "
+                        f"the vocabulary is chosen from them, and training needs them")
+
+
+def empty_vocabulary(dataset: KarpathyDataset, dataset_json, rule: str, min_count: int) -> str:
+    """Why the vocabulary rule kept no word: the most frequent train word and its count."""
+    counts = Counter(t for im in dataset.split("train") for s in im.sentences for t in s.tokens)
+    word, most = counts.most_common(1)[0] if counts else ("", 0)
+    return (f"{dataset_json}: the vocabulary is empty: the rule {rule!r} keeps no word of the "
+            f"train captions with --min-count {min_count} (the most frequent, {word!r}, occurs "
+            f"{most} times); lower --min-count")
 
 
 def without_restval(dataset: KarpathyDataset) -> KarpathyDataset:

@@ -91,18 +91,36 @@ def read_users(store: Path) -> tuple[list[dict], str | None]:
     return users, None
 
 
+def record_users(store: Path, users: list[dict]) -> None:
+    """Write the users file; a root the disk refuses it on (read-only, full) is said, not
+    fatal: the complete store beside it is reused all the same."""
+    try:
+        write_json(users_file(store), users)
+    except CapstackError as error:
+        why = error.__context__ if isinstance(error.__context__, OSError) else error
+        log.warning("%s: this use of the store goes unrecorded (%s)", users_file(store),
+                    getattr(why, "strerror", None) or why)
+
+
 def publish(store: Path, fp: str, pointer: Path | None) -> None:
     """Record who used ``store`` (the running stage, the pointer) and write the pointer. A
     damaged users file is set aside (``.damaged``), said, and started again."""
-    users, problem = read_users(store)
+    found, problem = read_users(store)
+    users: list[dict] | None = found
     if problem is not None and users_file(store).is_file():
         kept = unused_sibling(users_file(store), ".damaged")
-        os.replace(users_file(store), kept)
-        log.warning("%s; moved to %s, and the store's users are recorded afresh", problem, kept)
+        try:
+            os.replace(users_file(store), kept)
+        except OSError as error:  # a read-only root: nothing to record there either
+            log.warning("%s; left as it is (%s)", problem, error.strerror or error)
+            users = None
+        else:
+            log.warning("%s; moved to %s, and the store's users are recorded afresh", problem,
+                        kept)
     entry = {"stage": os.environ.get("CAPSTACK_STAGE", ""),
              "pointer": str(Path(pointer).resolve()) if pointer else ""}
-    if entry not in users:
+    if users is not None and entry not in users:
         users.append(entry)
-        write_json(users_file(store), users)
+        record_users(store, users)
     if pointer:
         write_pointer(pointer, store, fp)

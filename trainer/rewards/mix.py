@@ -30,6 +30,11 @@ class MixConfig:
     def check(self):
         if not self.parts:
             yield "parts: name at least one reward, each a mapping with its name and weight"
+        elif not any(part.beside.weight > 0 for part in self.parts):
+            # every sample then scores 0, every advantage is 0: a training at loss 0 that learns
+            # nothing, for as many epochs as asked
+            yield "parts: every weight is 0, so every caption would score 0 and nothing be " \
+                  "learnt; give at least one part a weight above 0"
 
 
 @REWARDS.register("mix")
