@@ -169,3 +169,42 @@ def test_two_names_of_one_run_folder_share_its_lock(data, tmp_path):
         os.killpg(first.pid, signal.SIGKILL)
         first.communicate(timeout=60)
     assert json.loads((tmp_path / "real" / "config.json").read_text())["train"]["lr"] == 5e-3
+
+
+@pytest.mark.slow
+def test_torchrun_processes_end_with_a_stopped_nproc_command(tmp_path):
+    """``--nproc 2`` stopped by SIGTERM killed torchrun's launcher alone: its two workers went
+    on extracting, orphaned."""
+    from pipeline.demo.shapes import write_shapes_dataset
+
+    write_shapes_dataset(tmp_path / "shapes", n_train=2000, n_val=1, n_test=1, seed=0, size=64)
+    command = start("extract-grid", "shapes/dataset_shapes.json", "shapes", "--backbone",
+                    "resnet18", "--weights", "random", "--image-size", "448", "--grid", "2",
+                    "--workers", "0", "--batch", "1", "--features-root", "features", "--nproc",
+                    "2", cwd=tmp_path)
+    workers: list[int] = []
+    try:
+        def running_workers() -> list[int]:
+            """torchrun's processes (``python -u cli.py extract-grid ...``) working here."""
+            found = []
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                with contextlib.suppress(OSError):
+                    words = cmdline.read_bytes().split(b"\0")
+                    pid = int(cmdline.parent.name)
+                    if b"-u" in words and b"extract-grid" in words and alive(pid) and \
+                            (cmdline.parent / "cwd").resolve() == tmp_path:
+                        found.append(pid)
+            return found
+
+        workers = wait_for(lambda: len(running_workers()) == 2 and running_workers(), timeout=120)
+        wait_for(lambda: list((tmp_path / "features").glob("*shard*")), timeout=120)
+        os.kill(command.pid, signal.SIGTERM)
+        _, stderr = command.communicate(timeout=120)
+        assert command.returncode == 143 and "stopped by SIGTERM" in stderr, stderr
+        wait_for(lambda: not any(alive(pid) for pid in workers), timeout=10)  # minutes of work left
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(command.pid, signal.SIGKILL)
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -8,11 +8,11 @@ The stage engine hands a stage's ``nproc`` to its command the same way.
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Sequence
 
 from pipeline.core.entry import torchrun_command
 from pipeline.core.errors import CapstackError
+from pipeline.engine.keeper import run_kept
 
 LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"
 
@@ -29,7 +29,10 @@ def launch(nproc: int, argv: Sequence[str]) -> int:
     """
     if nproc < 1:
         raise CapstackError(f"--nproc: expected a positive number of processes, got {nproc}")
-    return subprocess.run(torchrun_command(nproc, argv)).returncode
+    command = torchrun_command(nproc, argv)
+    # through a keeper: stopped or killed, this process takes torchrun's processes with it
+    # (subprocess.run killed the launcher alone, and its workers ran on, orphaned)
+    return run_kept(command, executable=command[0])
 
 
 def without_option(argv: Sequence[str], option: str) -> list[str]:
