@@ -763,7 +763,9 @@ def _echo_scores(scores: dict) -> None:
 @click.argument("images", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--attention", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Draw the attention per word to this PNG (IMAGE_k suffixes for several images).")
+              help="Draw the attention per word to this PNG. For several images the name holds "
+                   "{stem} (each image's file name) or {n} (its place, from 1): "
+                   "--attention 'att/{stem}.png'.")
 @click.option("--beam", "beam_size", default=5, show_default=True, type=click.IntRange(1, 100))
 @click.option("--max-len", default=16, show_default=True,
               type=click.IntRange(1, MAX_CAPTION_WORDS))
@@ -781,7 +783,9 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
                              device=dev)
     for c in captions:
         notes = ([f"{c.regions} regions"] if c.regions is not None else []) + \
-            ([f"attention -> {c.attention}"] if c.attention else [])
+            ([f"attention -> {c.attention}"] if c.attention else
+             ["no attention to draw: the decoder attends over no single grid or set of regions"]
+             if attention else [])
         drawn = f"  [{'; '.join(notes)}]" if notes else ""
         click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
 
