@@ -888,20 +888,22 @@ def inspect_cmd(store, fmt, as_json):
 
 @main.command("verify")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--dataset", "dataset_json", required=True,
-              type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dataset", "dataset_json", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The Karpathy-format json whose images STORE must hold [the one STORE "
+                   "records it was made from].")
 @click.option("--deep", is_flag=True,
               help="Also read every record: check its checksum and that no value is NaN or "
                    "infinite.")
 def verify_cmd(store, dataset_json, deep):
-    """Check that STORE holds a record for every image of the dataset (and, with --deep, that
-    every record reads and holds finite values)."""
+    """Check that STORE holds a record for every image of the dataset it was made from, or of
+    --dataset (and, with --deep, that every record reads and holds finite values)."""
     from pipeline.core.pointer import read_pointer
     from pipeline.features.catalog import check_every_record, verify_store
 
     path = read_pointer(store)
     result = verify_store(path, dataset_json)
-    click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
+    click.echo(f"{result['store']}: all {result['images']} images of {result['dataset']} present "
                f"({result['skipped']} skipped when the store was made, reported by training)")
     if deep:
         read, checksum = check_every_record(path)
