@@ -304,7 +304,9 @@ def _store_options(func):
                      help="Store backend when the path's suffix does not say [lmdb]."),
         click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Also write a small json naming the store (a stage's out)."),
-        click.option("--dtype", type=FEATURE_DTYPES, cls=SettingOption),
+        click.option("--dtype", type=FEATURE_DTYPES, cls=SettingOption,
+                     help="Feature dtype in the store [float16; float32 for --weights random, "
+                          "whose activations pass float16's range]."),
         click.option("--batch", "batch_size", default=16, show_default=True,
                      type=click.IntRange(1, MAX_BATCH)),
         click.option("--workers", default=2, show_default=True, help="Image decoding processes.",

@@ -70,7 +70,7 @@ def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
     assert info["sample_record"] == {"features": [4, 512]}
     shown = CliRunner().invoke(cli.main, ["inspect", str(experiments[1] / "features/grid.json")])
     lines = [line.strip() for line in shown.output.splitlines()]
-    assert "features         ['N', 512] float16" in lines
+    assert "features         ['N', 512] float32" in lines  # random weights: float32
     assert "producer           extract-grid" in lines and "backbone         resnet18" in lines
 
     verified = CliRunner().invoke(cli.main, ["verify", pointers[0]["store"], "--dataset",
