@@ -669,7 +669,7 @@ def _echo_epoch(e) -> None:
 def runs_cmd(workdir, as_json):
     """The runs under WORKDIR/runs/ (default: here), by name: decoder, objective, epochs done
     of those planned, state (running, finished, failed, stopped), best validation CIDEr and
-    test CIDEr once evaluated (evals/NAME/ or the run's eval/)."""
+    test CIDEr once evaluated (evals/NAME/, or the run's eval/ where older capstacks wrote)."""
     from dataclasses import asdict
 
     from trainer.runs import list_runs
@@ -707,7 +707,9 @@ def runs_cmd(workdir, as_json):
 @click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Score TARGET as a COCO results file against these references.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where results, metrics.json and figures go [RUN/eval].")
+              help="Where results, metrics.json and figures go [evals/NAME beside the runs/ "
+                   "folder holding RUN, as the stages write it: runs/top_down -> "
+                   "evals/top_down].")
 @click.option("--split", type=NamesOf("trainer.config:SPLITS"), default=None,
               help="[the experiment's eval.split]")
 @click.option("--beam", "beam_size", type=click.IntRange(1, 100), default=None,
@@ -724,6 +726,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
     eval: section says unless options override it; or score RESULTS --refs REFS."""
     from trainer.evaluation.evaluate import evaluate_checkpoint
+    from trainer.runs import evaluation_folder
     from trainer.scoring.metrics import score_files
 
     if refs is not None:
@@ -741,7 +744,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
             write_json(out_dir / "metrics.json", scores)
             write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
     else:
-        out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
+        out_dir = out_dir or evaluation_folder(target)
         scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
                                      max_len=max_len, figures=figures, max_refs=max_refs,
                                      device=device)

@@ -19,8 +19,7 @@ from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
 from pipeline.core.runlock import exclusive_beside
 from trainer.config import load_experiment
-from trainer.evaluation.evaluate import evaluate_checkpoint
-from trainer.runs import list_runs
+from trainer.runs import evaluation_folder, list_runs
 from trainer.train import Run, train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
@@ -107,6 +106,19 @@ def test_a_resumed_epoch_reports_the_mean_loss_of_all_its_steps(data, tmp_path, 
 
 # -- capstack runs ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("run, evals", [
+    ("runs/top_down", "evals/top_down"),  # the stages' evaluate@top_down writes there too
+    ("coco/runs/stack_cap/show_tell", "coco/evals/stack_cap/show_tell"),
+    ("exps/mc3/runs/top_down", "exps/mc3/evals/top_down"),
+    ("elsewhere/my-run", "elsewhere/evals/my-run"),
+])
+def test_evaluate_writes_where_the_stages_do(run, evals, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / run).mkdir(parents=True)
+    (tmp_path / run / "best.pt").touch()
+    assert evaluation_folder(Path(run)) == evaluation_folder(Path(run) / "best.pt") == Path(evals)
+
+
 def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monkeypatch):
     work = tmp_path / "work"
     runs = work / "runs"
@@ -121,8 +133,12 @@ def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monk
     train(load_experiment(exp), runs / "a-finished", progress=False)
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no java: no METEOR's 20 s
-    metrics = evaluate_checkpoint(runs / "a-finished", work / "evals" / "a-finished",
-                                  figures=0, spice=False)
+    monkeypatch.chdir(work)  # evaluate's default out: evals/NAME, as the stages write it
+    evaluated = capstack("evaluate", "runs/a-finished", "--figures", 0)
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "-> evals/a-finished/metrics.json" in evaluated.output
+    assert not (runs / "a-finished" / "eval").exists()
+    metrics = json.loads((work / "evals" / "a-finished" / "metrics.json").read_text())
     train(load_experiment(exp), runs / "b-running", progress=False, on_epoch=look)
     train(load_experiment(exp), runs / "c-killed", progress=False)
     (runs / "c-killed" / "state.json").write_text(snapshot["state"])  # what a SIGKILL leaves
