@@ -215,7 +215,9 @@ def read_state(path: Path, row: RunRow) -> None:
 
 def read_older_run(folder: Path, row: RunRow) -> None:
     """A run trained before runs kept ``state.json``: its ``summary.json`` (written when it
-    finished) or the validations of its ``metrics.jsonl``."""
+    finished; those capstacks counted its ``best_epoch`` from 0, -1 the start, where
+    ``summary.json`` now counts as ``state.json`` does) or the validations of its
+    ``metrics.jsonl``."""
     summary_path = folder / "summary.json"
     if summary_path.exists():
         summary = read_json_for(summary_path, row, "run summary")
