@@ -606,7 +606,8 @@ def rewards_cmd():
 @nproc_option
 def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, nproc):
     """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says; one line
-    per epoch: mean training loss, validation CIDEr (greedy), the best so far, time.
+    per epoch: mean training loss, validation CIDEr (greedy, x100 as the report prints it),
+    the best so far, time.
 
     Under torchrun (or with --nproc N) every process trains its part of each batch (DDP)."""
     hand_over_to_torchrun(nproc)
@@ -637,11 +638,17 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, np
                f"{r.best_epoch + 1} -> {out_dir}/best.pt")
 
 
+def _percent(score: float) -> str:
+    """A score as every printed table shows it, x100 as the papers print them (0.512 -> 51.2):
+    the report's scale, for the lines of train, runs and evaluate too."""
+    return f"{100 * score:.1f}"
+
+
 def _kept(select_on: str, best_score: float, best_cider: float) -> str:
-    """``CIDEr 0.512``, or ``BLEU-4 0.301 (CIDEr 0.512)`` when kept on another score."""
+    """``CIDEr 51.2``, or ``BLEU-4 30.1 (CIDEr 51.2)`` when kept on another score."""
     if select_on == "cider":
-        return f"CIDEr {best_cider:.3f}"
-    return f"{_label(select_on)} {best_score:.3f} (CIDEr {best_cider:.3f})"
+        return f"CIDEr {_percent(best_cider)}"
+    return f"{_label(select_on)} {_percent(best_score)} (CIDEr {_percent(best_cider)})"
 
 
 def _label(select_on: str) -> str:
@@ -652,14 +659,14 @@ def _label(select_on: str) -> str:
 
 
 def _echo_epoch(e) -> None:
-    """``epoch 3/8  loss 2.314  val CIDEr 0.512  best 0.512 (epoch 3)  41.2 s``; kept on
-    BLEU-4: ``... val CIDEr 0.512  BLEU-4 0.301  best BLEU-4 0.305 (epoch 2)  41.2 s``"""
+    """``epoch 3/8  loss 2.314  val CIDEr 51.2  best 51.2 (epoch 3)  41.2 s``; kept on
+    BLEU-4: ``... val CIDEr 51.2  BLEU-4 30.1  best BLEU-4 30.5 (epoch 2)  41.2 s``"""
     loss = f"{e.loss:.3f}" if e.loss is not None else "n/a"
     best_at = f"epoch {e.best_epoch}" if e.best_epoch > 0 else "start"
     label = _label(e.select_on)
-    best = f"best {e.best_cider:.3f}" if e.select_on == "cider" else \
-        f"{label} {e.val_score:.3f}  best {label} {e.best_score:.3f}"
-    click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {e.val_cider:.3f}  "
+    best = f"best {_percent(e.best_cider)}" if e.select_on == "cider" else \
+        f"{label} {_percent(e.val_score)}  best {label} {_percent(e.best_score)}"
+    click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {_percent(e.val_cider)}  "
                f"{best} ({best_at})  {e.seconds:.1f} s")
 
 
@@ -669,7 +676,8 @@ def _echo_epoch(e) -> None:
 def runs_cmd(workdir, as_json):
     """The runs under WORKDIR/runs/ (default: here), by name: decoder, objective, epochs done
     of those planned, state (running, finished, failed, stopped), best validation CIDEr and
-    test CIDEr once evaluated (evals/NAME/, or the run's eval/ where older capstacks wrote)."""
+    test CIDEr once evaluated (evals/NAME/, or the run's eval/ where older capstacks wrote),
+    x100 as the report prints them (--json: as stored, 0 to 1 and beyond)."""
     from dataclasses import asdict
 
     from trainer.runs import list_runs
@@ -685,7 +693,8 @@ def runs_cmd(workdir, as_json):
     def best(r):
         if r.best_cider is None:
             return "-"
-        return f"{r.best_cider:.3f} ({f'epoch {r.best_epoch}' if r.best_epoch else 'start'})"
+        at = f"epoch {r.best_epoch}" if r.best_epoch else "start"
+        return f"{_percent(r.best_cider)} ({at})"
 
     def known(value):
         return "?" if value is None else str(value)
@@ -693,7 +702,7 @@ def runs_cmd(workdir, as_json):
     table = [("name", "decoder", "objective", "epochs", "state", "best val CIDEr", "test CIDEr")]
     table += [(r.name, known(r.decoder), known(r.objective),
                f"{known(r.epochs_done)}/{known(r.epochs)}", known(r.state), best(r),
-               "-" if r.test_cider is None else f"{r.test_cider:.3f}") for r in rows]
+               "-" if r.test_cider is None else _percent(r.test_cider)) for r in rows]
     widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
     click.echo("  ".join(cell.ljust(w) for cell, w in zip(table[0], widths)).rstrip())
     for r, row in zip(rows, table[1:]):
@@ -755,7 +764,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
 
 def _echo_scores(scores: dict) -> None:
     for name, value in scores["metrics"].items():
-        shown = f"{100 * value:6.1f}" if value is not None else \
+        shown = f"{_percent(value):>6}" if value is not None else \
             f"   n/a ({scores['unavailable'].get(name, 'unavailable')})"
         click.echo(f"  {name:<8}{shown}")
     refs = f", first {scores['max_refs']} references" if scores.get("max_refs") else ""

@@ -24,8 +24,8 @@ from trainer.train import Run, train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
 ROOT = Path(__file__).resolve().parents[1]
-EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)  loss (\d+\.\d{3})  val CIDEr (\d+\.\d{3})  "
-                        r"best (\d+\.\d{3}) \((epoch \d+|start)\)  (\d+\.\d) s")
+EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)  loss (\d+\.\d{3})  val CIDEr (\d+\.\d)  "
+                        r"best (\d+\.\d) \((epoch \d+|start)\)  (\d+\.\d) s")
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +78,10 @@ def test_train_prints_a_line_per_epoch_then_the_summary_as_before(data, tmp_path
     for k, m in enumerate(epochs):
         assert m.group(1, 2) == (str(k + 1), "2")
         mean = sum(s["loss"] for s in steps if s["epoch"] == k) / 3  # 3 batches an epoch
-        assert m.group(3) == f"{mean:.3f}" and m.group(4) == f"{vals[k]['cider']:.3f}"
+        # CIDEr x100, the report's scale: the log keeps 0.512, the line says 51.2
+        assert m.group(3) == f"{mean:.3f}" and m.group(4) == f"{100 * vals[k]['cider']:.1f}"
     best = max(range(2), key=lambda k: (vals[k]["cider"], -k))
-    assert epochs[1].group(5, 6) == (f"{vals[best]['cider']:.3f}", f"epoch {best + 1}")
+    assert epochs[1].group(5, 6) == (f"{100 * vals[best]['cider']:.1f}", f"epoch {best + 1}")
     assert re.fullmatch(rf"train st: 2 epochs, 6 steps; best val CIDEr {epochs[1].group(5)} "
                         rf"\(greedy\) at epoch {best + 1} -> {re.escape(str(tmp_path))}/runs/st/"
                         r"best\.pt", lines[-1]), lines[-1]
@@ -186,9 +187,10 @@ def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monk
     assert table[0].split() == ["name", "decoder", "objective", "epochs", "state", "best", "val",
                                 "CIDEr", "test", "CIDEr"]
     assert re.fullmatch(rf"a-finished +show_tell +xe +2/2 +finished +"
-                        rf"{finished['best_cider']:.3f} \(epoch {finished['best_epoch']}\) +"
-                        rf"{finished['test_cider']:.3f}", table[1]), table[1]
-    assert re.fullmatch(r"d-failed +show_tell +xe +1/2 +failed +\d\.\d{3} \(epoch 1\) +-",
+                        rf"{100 * finished['best_cider']:.1f} \(epoch {finished['best_epoch']}\)"
+                        rf" +{100 * finished['test_cider']:.1f}", table[1]), table[1]
+    assert f"  {100 * metrics['metrics']['CIDEr']:.1f}" in evaluated.output  # as evaluate says
+    assert re.fullmatch(r"d-failed +show_tell +xe +1/2 +failed +\d+\.\d \(epoch 1\) +-",
                         table[table.index(next(t for t in table if t.startswith("d-failed")))])
     assert "    failed: features: image 7 unreadable" in table
     assert "    stopped: stopped by SIGTERM" in table

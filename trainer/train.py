@@ -186,7 +186,7 @@ def train_epochs(run: Run, resumed_at: tuple[int, int] | None, progress: bool,
         run.run_epoch(progress)
         report = run.end_epoch(epoch_started)
         record.update(**run.standing())
-        log.info("%s epoch %d: val CIDEr %.3f", config.name, run.epoch, report.val_cider)
+        log.info("%s epoch %d: val CIDEr %.1f", config.name, run.epoch, 100 * report.val_cider)
         if on_epoch is not None:
             on_epoch(report)
     if not (out_dir / "best.pt").is_file():
