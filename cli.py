@@ -998,23 +998,47 @@ def _in_experiment(pipeline, name: str | None):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def stages_cmd(stages_path, workdir, experiment, as_json):
     """One line per stage: up to date, stale (and why), or never run; with --name, as the
-    experiment has them (its own stages, and the baseline's it shares, said so)."""
+    experiment has them (its own stages, and the baseline's it shares, said so). When the file
+    names its demo, the stages `capstack demo` runs are marked demo, and a last line counts
+    their states apart from the others'."""
     pipeline = _in_experiment(_pipeline(stages_path, workdir), experiment)
     statuses, off = pipeline.statuses(), pipeline.file.off
     own = getattr(pipeline, "own", None)
+    demo = set(pipeline.demo_stages()) if pipeline.file.demo else None
     if as_json:
         listing = {n: {"state": s.state, "reasons": list(s.reasons),
-                       **({} if own is None else {"own": n in own})}
+                       **({} if own is None else {"own": n in own}),
+                       **({} if demo is None else {"demo": n in demo})}
                    for n, s in statuses.items()}
         listing |= {n: {"state": "off", "reasons": [why]} for n, why in off.items()}
         click.echo(json.dumps(listing, indent=2))
         return
     width = max(len(n) for n in [*statuses, *off])
+    mark = (lambda name: "") if demo is None else \
+        (lambda name: "demo  " if name in demo else "      ")
     for name, status in statuses.items():
         shared = "  (baseline's)" if own is not None and name not in own else ""
-        click.echo(f"{name:<{width}}  {status.describe()}{shared}")
+        click.echo(f"{name:<{width}}  {mark(name)}{status.describe()}{shared}")
     for name, why in off.items():
-        click.echo(f"{name:<{width}}  off ({why})")
+        click.echo(f"{name:<{width}}  {mark(name)}off ({why})")
+    if demo is not None and len(demo) < len(statuses):
+        click.echo(_demo_summary(pipeline.file.demo, statuses, demo))
+
+
+def _demo_summary(targets, statuses: dict, demo: set[str]) -> str:
+    """``demo (capstack demo: report and what it needs): 16 stages, 16 up to date; the other
+    39: 39 never run``: whether the demo is done, apart from the stages it does not run."""
+    def counted(names) -> str:
+        counts: dict[str, int] = {}
+        for name in names:
+            counts[statuses[name].state] = counts.get(statuses[name].state, 0) + 1
+        return ", ".join(f"{n} {state}" for state, n in counts.items())
+
+    others = [n for n in statuses if n not in demo]
+    stages = f"{len(demo)} stage{'' if len(demo) == 1 else 's'}"
+    return (f"demo (`capstack demo`: {', '.join(targets)} and what it needs): {stages}, "
+            f"{counted(n for n in statuses if n in demo)}; the other {len(others)}: "
+            f"{counted(others)}")
 
 
 @main.command("run")
@@ -1142,15 +1166,13 @@ def demo_cmd(stages_path, workdir, outs_outside_workdir):
     """The stages file's demo (its `demo:` stages and all they need; else every stage), in
     order, each skipped when up to date."""
     pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
-    targets = pipeline.file.demo
+    targets, total = pipeline.file.demo, len(pipeline.demo_stages())
     if not targets:
-        ran, total = pipeline.run_all(report=click.echo), len(pipeline.file.order)
+        ran = pipeline.run_all(report=click.echo)
     else:
-        ran, needed = [], set(targets)
+        ran = []
         for target in targets:
-            needed.update(pipeline.upstream_closure(target))
             ran += pipeline.run(target, with_deps=True, report=click.echo)
-        total = len(needed)
     click.echo(f"demo: {len(ran)} stage(s) ran, {total - len(ran)} up to date.")
 
 

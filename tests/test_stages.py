@@ -62,6 +62,28 @@ def test_fresh_project_never_run_then_demo_runs_everything_once(project):
     assert "0 stage(s) ran" in again
 
 
+def test_stages_marks_what_the_demo_runs_and_counts_it_apart(project):
+    (project.workdir / "stages.yaml").write_text("demo: [shapes]\n" + STAGES)
+    project.stage_cmd("demo")
+    lines = project.stage_cmd("stages").output.splitlines()
+    assert lines == ["shapes   demo  up to date", "prepare        never run",
+                     "demo (`capstack demo`: shapes and what it needs): 1 stage, 1 up to date; "
+                     "the other 1: 1 never run"]
+    listing = project.statuses()
+    assert (listing["shapes"]["demo"], listing["prepare"]["demo"]) == (True, False)
+
+
+def test_the_real_demo_stages_are_marked(capstack):
+    root = Path(__file__).resolve().parents[1]
+    lines = capstack("stages", "-c", root / "stages.yaml", "--workdir",
+                     capstack.workdir).output.splitlines()
+    marked = [line.split()[0] for line in lines if line.split()[1:2] == ["demo"]]
+    assert marked[0] == "shapes" and marked[-1] == "report" and "rl@top_down" in marked
+    assert "tables" not in marked and "train@hacap" not in marked
+    assert lines[-1].startswith(f"demo (`capstack demo`: report and what it needs): "
+                                f"{len(marked)} stages, {len(marked)} never run; the other ")
+
+
 def test_param_change_makes_stage_stale_with_reason(project):
     project.stage_cmd("demo")
     stages = project.workdir / "stages.yaml"

@@ -252,6 +252,14 @@ class Pipeline:
             result[name] = st
         return result
 
+    def demo_stages(self) -> list[str]:
+        """What ``capstack demo`` runs, in run order: the file's ``demo:`` stages and every stage
+        they need; every stage when the file names none."""
+        if not self.file.demo:
+            return list(self.file.order)
+        needed = set(self.file.demo).union(*(self.upstream_closure(t) for t in self.file.demo))
+        return [s for s in self.file.order if s in needed]
+
     def upstream_closure(self, name: str) -> list[str]:
         """Stages ``name`` depends on, directly or not, in run order."""
         needed: set[str] = set()
