@@ -269,6 +269,19 @@ def test_curves_without_discriminator_rounds_are_unchanged(tmp_path):
     assert len(curves_figure(plain, before=plain).axes) == 3  # the RL loss's own scale
 
 
+def test_curves_count_epochs_and_scale_cider_as_the_printed_lines(tmp_path):
+    """`epoch 1/3 ... val CIDEr 50.0`: the first epoch at 1, CIDEr x100; an RL run's start
+    (epoch -1) at the XE run's last epoch."""
+    val = [{"kind": "val", "epoch": e, "cider": 0.5 + 0.1 * e} for e in range(3)]
+    plain = _write_jsonl(tmp_path / "plain.jsonl", _train_records() + val)
+    xs, ys = next(iter(_lines(curves_figure(plain).axes[1]).values()))
+    assert (xs, ys) == ([1, 2, 3], [pytest.approx(50), pytest.approx(60), pytest.approx(70)])
+    rl = _write_jsonl(tmp_path / "rl.jsonl", _train_records(20) + [
+        {"kind": "val", "epoch": -1, "cider": 0.7}, {"kind": "val", "epoch": 0, "cider": 0.8}])
+    lines = _lines(curves_figure(rl, before=plain).axes[1])
+    assert lines["XE"][0] == [1, 2, 3] and lines["RL"][0] == [3, 4]
+
+
 def test_discriminator_rounds_add_a_panel_on_the_step_axis(tmp_path):
     val = [{"kind": "val", "epoch": e, "cider": 0.5 + 0.1 * e} for e in range(3)]
     rounds = _rounds([1, 1], "pretrain") + _rounds([20, 40], first_round=3)
@@ -283,7 +296,7 @@ def test_discriminator_rounds_add_a_panel_on_the_step_axis(tmp_path):
     assert lines["D held-out accuracy"] == ([20, 40], [pytest.approx(0.7), pytest.approx(0.5)])
     assert lines["chance"][1] == [0.5, 0.5] and d_ax.get_lines()[-1].get_linestyle() == "--"
     # each validation at the last logged step of its epoch (_train_records: 20 steps an epoch)
-    assert _lines(cider_by_step)["validation CIDEr"] == ([19, 39, 59], [0.5, 0.6, 0.7])
+    assert _lines(cider_by_step)["validation CIDEr"] == ([19, 39, 59], [50, 60, 70])
     assert {t.get_text() for t in d_ax.get_legend().get_texts()} == {
         "D held-out accuracy (pre-training)", "D held-out accuracy", "chance", "validation CIDEr"}
     assert _png_size(training_curves(metrics, tmp_path / "curves.png")) == (1500, 400)

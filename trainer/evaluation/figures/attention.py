@@ -39,7 +39,7 @@ HEAT_OPACITY = 0.8  # the heat map's opacity at the top of the scale (0 at weigh
 EVEN_SPREAD_LEVEL = 4.0  # the scale's top is at least 4 / L (see weight_scale)
 BOXES_DRAWN = 8  # a region panel outlines at most the word's 8 heaviest regions ...
 BOX_SHARE_DRAWN = 0.02  # ... of at least 2% of its attention each
-BOX_LINE_WIDTH = (0.8, 5.0)  # points: a region of weight 0, one at the top of the scale
+BOX_LINE_WIDTH = (0.6, 3.5)  # points: a region of weight 0, one at the top of the scale
 
 
 def figure_image(path: str | os.PathLike) -> np.ndarray:
