@@ -62,6 +62,26 @@ class NamesOf(click.Choice):
         pass
 
 
+class OutputFile(click.Path):
+    """click.Path of a file the command writes: an existing one must be a regular file (or a
+    symbolic link), refused before any work starts; the rename that puts the output in place
+    would replace a device node or a FIFO with a file (pipeline/core/atomic.py checks it again
+    there)."""
+
+    def __init__(self):
+        super().__init__(dir_okay=False, path_type=Path)
+
+    def convert(self, value, param, ctx):
+        from pipeline.core.atomic import check_file_replaceable
+
+        path = super().convert(value, param, ctx)
+        try:
+            check_file_replaceable(path)
+        except CapstackError as error:
+            self.fail(str(error), param, ctx)
+        return path
+
+
 STORE_FORMATS = NamesOf("pipeline.features.stores:FORMATS")
 FEATURE_DTYPES = NamesOf("pipeline.features.stores.schema:FEATURE_DTYPES")
 
@@ -302,7 +322,7 @@ def _store_options(func):
                                         "~/.cache/capstack/features]."),
         click.option("--format", "fmt", type=STORE_FORMATS, default=None,
                      help="Store backend when the path's suffix does not say [lmdb]."),
-        click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        click.option("--pointer", type=OutputFile(), default=None,
                      help="Also write a small json naming the store (a stage's out)."),
         click.option("--dtype", type=FEATURE_DTYPES, cls=SettingOption,
                      help="Feature dtype in the store [float16; float32 for --weights random, "
@@ -430,7 +450,7 @@ def extract_regions_cmd(dataset_json, image_root, arch, out, features_root, fmt,
               help="Shared root [$CAPSTACK_FEATURES or ~/.cache/capstack/features].")
 @click.option("--store-format", type=STORE_FORMATS, default=None,
               help="Store backend when --out's suffix does not say [lmdb].")
-@click.option("--pointer", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--pointer", type=OutputFile(), default=None,
               help="Also write a small json naming the store (a stage's out).")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
               show_default=True)
@@ -502,7 +522,7 @@ def formats_cmd():
 @stage_command("train-backbone", code="pipeline.demo.backbone")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=OutputFile())
 @click.option("--backbone", default="resnet10", show_default=True)
 @click.option("--crop-size", default=64, show_default=True, type=click.IntRange(16, MAX_SIDE),
               help="Object crops are resized to this.")
@@ -527,7 +547,7 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
 @stage_command("train-detector", code="pipeline.features.detectors")
 @click.argument("dataset_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("image_root", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=OutputFile())
 @click.option("--label-key", default="label", show_default=True,
               help="The box entry naming its object class (shapes: label or shape).")
 @click.option("--attribute-key", default="color", show_default=True,
@@ -776,7 +796,7 @@ def _echo_scores(scores: dict) -> None:
               help="A checkpoint (or run folder: its best.pt).")
 @click.argument("images", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--attention", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--attention", type=OutputFile(), default=None,
               help="Draw the attention per word to this PNG. For several images the name holds "
                    "{stem} (each image's file name) or {n} (its place, from 1): "
                    "--attention 'att/{stem}.png'.")
@@ -807,7 +827,7 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
 @stage_command("cider-cache", code="trainer.rewards.cider_cache")
 @click.argument("prepared", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--split", default="train", show_default=True)
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", required=True, type=OutputFile())
 def cider_cache_cmd(prepared, split, out):
     """Document frequencies and reference n-grams of a split, once, for CIDEr-D rewards."""
     from trainer.rewards.cider_cache import build_cache

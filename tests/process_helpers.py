@@ -31,3 +31,15 @@ def wait_for(predicate, timeout=120):
             return value
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def run_capstack(*args, cwd: Path, timeout: float = 120, **kw):
+    """``capstack ARGS`` in a child process running this source tree's ``cli.py`` (the
+    ``capstack`` script on PATH may belong to another install), ended after ``timeout`` s: a
+    command that hangs fails the test with ``subprocess.TimeoutExpired``."""
+    import subprocess
+
+    from pipeline.core.entry import capstack_command
+
+    return subprocess.run(capstack_command([str(a) for a in args]), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, **kw)

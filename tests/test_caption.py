@@ -167,3 +167,30 @@ def test_caption_detects_describes_and_draws_with_a_trained_bottom_up_detector(s
                    tmp_path / "regions.png").output
     assert out.startswith(f"{image}: ") and f"{stored.num} regions" in out
     assert (tmp_path / "regions.png").is_file()
+
+
+def test_caption_extracts_and_decodes_a_bounded_batch_at_a_time(setup, tmp_path):
+    """All the images given were once one batch: 200 images took 6.85 GB."""
+    from pipeline.features.extract.rebuild import image_extractor
+    from trainer.evaluation.caption import CAPTION_BATCH, caption_files
+
+    root, dataset, _, _, _ = setup
+    seen = []
+
+    def extractor_for(meta, where):
+        extract = image_extractor(meta, where, torch.device("cpu"))
+
+        def counted(paths):
+            seen.append(len(paths))
+            return extract(paths)
+        return counted
+
+    files = sorted((dataset.parent / "images").glob("*.png"))
+    files = (files * 3)[:2 * CAPTION_BATCH + 3]
+    captions = caption_files(root / "run", files, extractor_for, beam_size=2,
+                             attention=tmp_path / "att.png")
+    assert seen == [CAPTION_BATCH, CAPTION_BATCH, 3]
+    assert [c.path for c in captions] == files
+    assert captions[-1].attention == tmp_path / f"att_{len(files) - 1}.png"
+    alone = caption_files(root / "run", files[-1:], extractor_for, beam_size=2)
+    assert alone[0].words == captions[-1].words

@@ -69,3 +69,28 @@ def test_a_missing_base_a_cycle_and_a_bad_value_are_named(base, tmp_path):
     bad.write_text("extends: [1, 2]\n")
     with pytest.raises(CapstackError, match=r"bad.yaml: extends: expected the path of another"):
         load_experiment(bad)
+
+
+def test_a_variants_stage_is_stale_when_a_file_it_extends_changes(base, tmp_path, capstack):
+    """The stage lists the variant alone; the files it extends, followed down the chain, are
+    its deps too (a base lr 0.002 -> 0.5 once left the variant's training up to date)."""
+    paper = tmp_path / "paper" / "top_down.yaml"
+    paper.parent.mkdir()
+    paper.write_text(yaml.safe_dump({**yaml.safe_load(base.read_text()),
+                                     "train": {"epochs": 1, "batch_size": 4, "lr": 0.002}}))
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "variants" / "mid.yaml").write_text("extends: ../paper/top_down.yaml\n")
+    (tmp_path / "variants" / "v.yaml").write_text("extends: mid.yaml\nname: v\n")
+    (tmp_path / "stages.yaml").write_text(yaml.safe_dump({"stages": {"train": {
+        "cmd": "capstack train variants/v.yaml --out runs/v --restart-on-change",
+        "deps": ["variants/v.yaml"], "outs": ["runs/v"]}}}))
+    capstack.stage_cmd("run", "train")
+    assert capstack.statuses()["train"]["state"] == "up to date"
+    paper.write_text(paper.read_text().replace("lr: 0.002", "lr: 0.5"))
+    status = capstack.statuses()["train"]
+    assert status == {"state": "stale", "reasons": ["dep paper/top_down.yaml changed"]}
+    capstack.stage_cmd("run", "train")
+    assert capstack.statuses()["train"]["state"] == "up to date"
+    (tmp_path / "variants" / "mid.yaml").write_text("extends: ../paper/top_down.yaml\n"
+                                                     "train: {epochs: 2}\n")
+    assert capstack.statuses()["train"]["reasons"] == ["dep variants/mid.yaml changed"]

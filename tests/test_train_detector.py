@@ -103,3 +103,66 @@ def test_the_command_line_defaults_are_the_training_defaults():
             continue
         field = names.get(option.name, option.name)
         assert option.default == getattr(defaults, field), option.name
+
+
+@pytest.mark.parametrize("box, problem", [
+    ([40, 10, 20, 30], "[40, 10, 20, 30]: expected x2 > x1 and y2 > y1"),
+    ([10, 10, float("nan"), 30], "holds a value that is not a finite number"),
+    ([10, 10, 1e300, 30], "holds a value that is not a finite number"),
+    ([10, 10, 30], "expected [x1, y1, x2, y2] (four numbers"),
+    ("10 10 30 30", "expected [x1, y1, x2, y2] (four numbers"),
+])
+def test_a_malformed_box_is_refused_before_any_training(shapes, tmp_path, box, problem):
+    """A box with x2 < x1 or a NaN once trained weights that were all NaN, reported mAP 0.000
+    and exited 0; an extraction with them then skipped every image."""
+    from pipeline.demo.backbone import BackboneTraining, train_backbone
+    from pipeline.features.extract.kinds.region_base import given_boxes
+
+    root, dataset = shapes
+    data = json.loads(dataset.read_text())
+    data["images"][1]["boxes"][0]["box"] = box
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    imgid = data["images"][1]["imgid"]
+    where = f"{bad}: images[1] (imgid {imgid}).boxes[0]: "
+    for train in (lambda: train_detector(bad, root, tmp_path / "d.pth", TINY, progress=False),
+                  lambda: train_backbone(bad, root, tmp_path / "b.pth",
+                                         BackboneTraining(epochs=1, crop_size=16)),
+                  lambda: given_boxes(bad)):
+        with pytest.raises(CapstackError) as refused:
+            train()
+        assert str(refused.value).startswith(where) and problem in str(refused.value)
+    assert not (tmp_path / "d.pth").exists() and not (tmp_path / "b.pth").exists()
+
+
+def test_a_nan_loss_stops_the_detector_training_before_anything_is_saved(shapes, tmp_path,
+                                                                         monkeypatch):
+    import torch
+
+    from pipeline.features.detectors import training
+
+    real = training.step_loss
+
+    def diverged(*args):
+        return {**real(*args), "box": torch.tensor(float("nan"))}
+
+    monkeypatch.setattr(training, "step_loss", diverged)
+    root, dataset = shapes
+    with pytest.raises(CapstackError, match=r"train-detector: epoch 1, batch 1 \(images .*\): "
+                                            r"loss box nan; stopped before anything was saved"):
+        train_detector(dataset, root, tmp_path / "d.pth", TINY, progress=False)
+    assert not (tmp_path / "d.pth").exists()
+
+
+def test_detector_weights_holding_nan_are_refused_when_loaded(trained, tmp_path):
+    import torch
+
+    out, _ = trained
+    checkpoint = torch.load(out, weights_only=True)
+    key = "rpn.conv.weight"
+    checkpoint["model"][key] = torch.full_like(checkpoint["model"][key], float("nan"))
+    diverged = tmp_path / "diverged.pth"
+    torch.save(checkpoint, diverged)
+    with pytest.raises(CapstackError, match=f"{diverged}: rpn.conv.weight holds NaN or "
+                                            f"infinite values"):
+        load_detector(diverged)

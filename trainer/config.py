@@ -48,7 +48,9 @@ from typing import Any, Literal
 
 import yaml
 
-from pipeline.core.errors import CapstackError, not_utf8, too_deep
+from pipeline.core.errors import CapstackError, not_utf8, shown, too_deep
+from pipeline.core.regular import read_text
+from pipeline.core.yamlfile import check_expanded
 
 from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURES,  # noqa: F401
                             MAX_IMAGES, MAX_REGIONS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, Bound,
@@ -107,11 +109,11 @@ class TrainConfig:
 
     def check(self):
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
-            yield f"device: unknown device {self.device!r} (auto, cpu, cuda, cuda:N, mps)"
+            yield f"device: unknown device {shown(self.device)} (auto, cpu, cuda, cuda:N, mps)"
         choices = selectable()
         if self.select_on not in choices:
             yield (f"select_on: expected one of {', '.join(choices)} (the values a metric of "
-                   f"trainer/scoring/metrics/ scores each epoch), got {self.select_on!r}")
+                   f"trainer/scoring/metrics/ scores each epoch), got {shown(self.select_on)}")
 
 
 @dataclass
@@ -175,7 +177,7 @@ def extended(path: Path, data: dict, chain: list[Path]) -> dict:
     base = data["extends"]
     if not isinstance(base, str) or not base:
         raise CapstackError(f"{path}: extends: expected the path of another experiment file, "
-                            f"got {base!r}")
+                            f"got {shown(base)}")
     base_path = (path.parent / base).resolve()
     if base_path in chain or base_path == path.resolve():
         raise CapstackError(f"{path}: extends: {base} extends this file again (a cycle)")
@@ -202,7 +204,7 @@ def laid_over(base: dict, own: dict) -> dict:
 def read_yaml_mapping(path: Path) -> dict:
     """An experiment file's mapping, or why it cannot be read."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(path, "an experiment file"))
     except FileNotFoundError:
         raise CapstackError(f"{path}: experiment file not found") from None
     except UnicodeDecodeError as error:
@@ -217,7 +219,7 @@ def read_yaml_mapping(path: Path) -> dict:
         raise too_deep(path) from None
     if not isinstance(data, dict):
         raise CapstackError(f"{path}: expected a mapping at the top level")
-    return data
+    return check_expanded(data, str(path), "an experiment file")
 
 
 def experiment_from_dict(data: dict, where: str) -> ExperimentConfig:
@@ -245,6 +247,7 @@ def apply_override(data: dict, item: str, where: str, schema: type | None = None
     except (yaml.YAMLError, ValueError) as error:  # ValueError: an int past Python's digits
         raise CapstackError(f"--set {item!r}: the value is not valid YAML "
                             f"({getattr(error, 'problem', None) or error})") from None
+    check_expanded(parsed, f"--set {key}", "an experiment's value")
     if last == "name" and schema is not None and is_component(schema, data, parents):
         holder = data
         for part in parents[:-1]:
@@ -291,12 +294,13 @@ def is_component(schema: type, data: dict, path: list[str]) -> bool:
 def from_dict(cls, data, where: str, prefix: str = ""):
     """Fill dataclass ``cls`` from ``data``; errors read ``FILE: a.b: problem``."""
     if not isinstance(data, dict):
-        raise CapstackError(f"{where}: {prefix or 'top level'}: expected a mapping, got {data!r}")
+        raise CapstackError(f"{where}: {prefix or 'top level'}: expected a mapping, got "
+                            f"{shown(data)}")
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
     unknown = sorted(set(data) - {f.name for f in fields})
     if unknown:
-        raise CapstackError(f"{where}: {prefix}{unknown[0]}: unknown key {unknown[0]!r} "
+        raise CapstackError(f"{where}: {prefix}{unknown[0]}: unknown key {shown(unknown[0])} "
                             f"(known: {', '.join(sorted(f.name for f in fields))})")
     values = {}
     for f in fields:
@@ -316,7 +320,7 @@ def _field_value(f, hint, value, where: str, name: str):
         if typing.get_origin(hint) is list:
             if not isinstance(value, list):
                 raise CapstackError(f"{where}: {name}: expected a list of {registry.kind} "
-                                    f"mappings, each with its name, got {value!r}")
+                                    f"mappings, each with its name, got {shown(value)}")
             return [component_from_dict(registry, v, where, f"{name}[{k}]", beside=beside)
                     for k, v in enumerate(value)]
         default = f.default_factory().name if f.default_factory is not dataclasses.MISSING else None
@@ -342,7 +346,7 @@ def component_from_dict(registry, value, where: str, name: str,
         value = {"name": default, **value}
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         raise CapstackError(f"{where}: {name}: expected a mapping with the {registry.kind}'s "
-                            f"name (choose {', '.join(registry)}), got {value!r}")
+                            f"name (choose {', '.join(registry)}), got {shown(value)}")
     if value["name"] not in registry:
         raise CapstackError(f"{where}: {name}.name: unknown {registry.kind} {value['name']!r} "
                             f"(choose {', '.join(registry)})")
@@ -352,7 +356,7 @@ def component_from_dict(registry, value, where: str, name: str,
     known = own | {f.name for f in dataclasses.fields(cls.Config)}
     unknown = sorted(set(settings) - known)
     if unknown and own:  # said here, so that the holder's keys are among those listed
-        raise CapstackError(f"{where}: {name}.{unknown[0]}: unknown key {unknown[0]!r} "
+        raise CapstackError(f"{where}: {name}.{unknown[0]}: unknown key {shown(unknown[0])} "
                             f"(known: {', '.join(sorted(known))})")
     extra = from_dict(beside, {k: v for k, v in value.items() if k in own}, where, name + ".") \
         if beside is not None else None
@@ -374,17 +378,17 @@ def convert(hint, value, where: str, field: str):
         if value in choices:
             return value
         raise CapstackError(f"{where}: {field}: expected one of {', '.join(map(str, choices))}, "
-                            f"got {value!r}")
+                            f"got {shown(value)}")
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, where, field + ".")
     if origin is list:
         if not isinstance(value, list):
-            raise CapstackError(f"{where}: {field}: expected a list, got {value!r}")
+            raise CapstackError(f"{where}: {field}: expected a list, got {shown(value)}")
         (item,) = typing.get_args(hint)
         return [convert(item, v, where, f"{field}[{k}]") for k, v in enumerate(value)]
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
-            raise CapstackError(f"{where}: {field}: expected a mapping, got {value!r}")
+            raise CapstackError(f"{where}: {field}: expected a mapping, got {shown(value)}")
         return dict(value)
     return _scalar(hint, value, where, field)
 
@@ -412,7 +416,7 @@ def _scalar(hint, value, where: str, field: str):
             return value
     else:
         raise TypeError(f"{where}: {field}: unsupported config type {hint!r}")
-    raise CapstackError(f"{where}: {field}: expected {hint.__name__}, got {value!r}")
+    raise CapstackError(f"{where}: {field}: expected {hint.__name__}, got {shown(value)}")
 
 
 def check_pairing(config: ExperimentConfig, where: str) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json, write_json
+from pipeline.core.regular import read_text
 
 STATE_FILE = "state.json"
 MARKER = "capstack-run"  # state.json's "capstack" value: what makes a folder a run
@@ -32,9 +33,11 @@ STATES = ("running", "finished", "failed", "stopped")
 RUNS, EVALS = "runs", "evals"  # a workdir's run folders, and their evaluations (same names)
 
 
-class Stopped(CapstackError):
+class Stopped(BaseException):
     """The command was stopped from outside (SIGTERM): a training it ends is recorded as
-    stopped, not failed."""
+    stopped, not failed. Like ``KeyboardInterrupt`` it is no ``Exception``: a reader that
+    takes a bad file for a note (``capstack runs``), a metric that must not end a run, an
+    image skipped for any error, none of them catches it and carries on."""
 
 
 def ended_as(error: BaseException) -> str:
@@ -246,8 +249,11 @@ def validations(path: Path, row: RunRow) -> list[tuple[int, float]]:
     import json
 
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(path, "a training log").splitlines()
     except FileNotFoundError:
+        return []
+    except CapstackError as error:  # not a regular file: never read
+        row.notes.append(str(error))
         return []
     except (OSError, UnicodeDecodeError) as error:
         row.notes.append(f"{path}: cannot read ({error})")

@@ -45,6 +45,7 @@ from pipeline.core.runlock import exclusive_beside
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.runs import RunRecord
+from trainer.training import resume
 from trainer.training.run import EpochReport, Run, require_tensorboard, resident_mb
 
 __all__ = ["EpochReport", "Run", "TrainResult", "resident_mb", "train"]  # what callers import
@@ -153,7 +154,8 @@ def train_ranks(config: ExperimentConfig, out_dir: Path, ranks: Ranks, progress:
         resumed_at = run.resume()
     except CapstackError as error:
         run.close()
-        if not restart_on_change or not (out_dir / "last.pt").is_file():
+        if not restart_on_change or not any((out_dir / name).is_file()
+                                            for name in resume.LEFT_BEHIND):
             raise
         ranks.barrier()  # every rank has read the old run before rank 0 moves it
         if ranks.main:

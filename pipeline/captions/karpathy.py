@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pipeline.core.bulk import gc_paused
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, shown
 from pipeline.core.jsonfile import read_json
 
 SPLITS = ("train", "restval", "val", "test")
@@ -94,6 +94,30 @@ def load_karpathy(path: str | Path, *, images_inside_root: bool = True) -> Karpa
     if images_inside_root:
         _check_inside_root(path, images)
     return KarpathyDataset(path=path, name=str(data.get("dataset", path.stem)), images=images)
+
+
+MAX_COORDINATE = 2 ** 24  # pixels: far past any image's side, and exact in float32
+
+
+def image_box(path: Path, im: KarpathyImage, k: int, entry: Any) -> tuple[float, ...]:
+    """Box ``k`` of an image's ``boxes`` field (``[x1, y1, x2, y2]``, or ``{"box": [...]}``),
+    in pixels: four finite numbers with x2 > x1 and y2 > y1, else refused naming the file,
+    the image and the box. A box with NaN or its corners swapped trains a detector to NaN
+    weights, which then find nothing, so every command reading boxes checks them here."""
+    where = f"{path}: images[{im.index}] (imgid {im.imgid}).boxes[{k}]"
+    box = entry.get("box") if isinstance(entry, dict) else entry
+    if not (isinstance(box, list) and len(box) == 4 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
+        raise CapstackError(f"{where}: expected [x1, y1, x2, y2] (four numbers; boxes is a "
+                            f"list of them), got {shown(box)}")
+    if not all(abs(v) <= MAX_COORDINATE for v in box):  # NaN and infinity are not either
+        raise CapstackError(f"{where}: {shown(box)} holds a value that is not a finite number "
+                            f"within {MAX_COORDINATE} pixels of the corner")
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not (x2 > x1 and y2 > y1):
+        raise CapstackError(f"{where}: {shown(box)}: expected x2 > x1 and y2 > y1 (a box is "
+                            f"[x1, y1, x2, y2], its top left corner then its bottom right)")
+    return x1, y1, x2, y2
 
 
 def _check_inside_root(path: Path, images) -> None:

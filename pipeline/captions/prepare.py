@@ -54,6 +54,7 @@ from pipeline.captions.vocab_rules import DEFAULT_RULE, VOCAB_RULES
 from pipeline.core.atomic import atomic_dir, check_replaceable
 from pipeline.core.errors import CapstackError
 
+WRITER = "prepare"  # the command whose output folder this is (its marker says so)
 OUT_SPLITS = ("train", "val", "test")
 SPLIT_CODE = {**SPLIT_CODES, "restval": SPLIT_CODES["train"]}  # restval counts as train
 
@@ -80,7 +81,7 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
         raise CapstackError(f"prepare: --restval must be one of {', '.join(RESTVAL)}, "
                             f"got {restval!r}")
     lemmas = build_lemmatizer(lemmatizer) if lemmatizer else None  # a missing package: now
-    check_replaceable(Path(out_dir).resolve(), force=force, inputs=(dataset_json,))
+    check_replaceable(Path(out_dir).resolve(), WRITER, force=force, inputs=(dataset_json,))
     dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
     if restval == "drop":
         dataset = without_restval(dataset)
@@ -92,7 +93,7 @@ def prepare_captions(dataset_json: str | Path, out_dir: str | Path, *, min_count
     record = lemmas.record() if lemmas is not None else None
     if record is not None:  # only then: a folder prepared without one is byte for byte what it was
         summary["lemmatizer"] = record
-    with atomic_dir(out_dir, force=force, inputs=(dataset_json,)) as tmp:
+    with atomic_dir(out_dir, WRITER, force=force, inputs=(dataset_json,)) as tmp:
         vocab.save(tmp / "vocab.json")
         _write_captions_h5(tmp / "captions.h5", dataset, vocab, labels, lengths, starts, ends,
                            max_len, min_count, str(dataset_json), restval, record)

@@ -7,6 +7,8 @@ status 2; every other exception is a bug and keeps its traceback.
 """
 
 import errno
+import reprlib
+from typing import Any
 
 # What the disk refuses, whichever file was being written: no room, no quota, mounted read-only.
 DISK_REFUSALS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -52,3 +54,17 @@ def too_deep(path) -> CapstackError:
 
     return CapstackError(f"{path}: nested deeper than the {sys.getrecursionlimit()} levels "
                          f"capstack reads")
+
+
+SHOWN = 200  # characters of a value a message shows
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, SHOWN, SHOWN
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a few lines' worth: the nesting, the number of items and the
+    length of strings it shows are bounded, so a message about a huge value stays short (and
+    is made without building the whole repr)."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 4 * SHOWN else text[:4 * SHOWN] + "..."

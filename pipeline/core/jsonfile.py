@@ -10,13 +10,14 @@ from typing import Any
 from pipeline.core.atomic import atomic_file
 from pipeline.core.bulk import gc_paused
 from pipeline.core.errors import CapstackError, too_deep
+from pipeline.core.regular import read_text
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """The JSON value in ``path``; ``FILE: <what> not found`` / ``not valid JSON (line L column
-    C: ...)`` otherwise."""
+    C: ...)`` / ``not a regular file (a FIFO), never read (expected the <what>)`` otherwise."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, f"the {what}")
     except FileNotFoundError:
         raise CapstackError(f"{path}: {what} not found") from None
     except (OSError, UnicodeDecodeError) as error:

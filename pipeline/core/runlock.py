@@ -13,11 +13,13 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import not_regular, open_regular
 
 # Locks this process holds, by fd. A forked child (a DataLoader worker) inherits the fds, and
 # flock is held while any copy is open: orphan workers of a killed run would keep holding its
@@ -37,8 +39,9 @@ os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 def _describe_holder(lock_path: Path) -> str:
     try:
-        info = json.loads(lock_path.read_text() or "{}")
-    except (OSError, ValueError):
+        with open_regular(lock_path, "a lock file") as f:
+            info = json.loads(f.read(_HOLDER_MAX) or "{}")
+    except (OSError, ValueError, CapstackError):
         info = {}
     if not info:
         return "another process"
@@ -46,12 +49,29 @@ def _describe_holder(lock_path: Path) -> str:
     return f"pid {info.get('pid')} on {info.get('host')} since {since} (`{info.get('command')}`)"
 
 
+_HOLDER_MAX = 64 << 10  # bytes of a lock file read: its holder is one short json line
+
+
+def _open_lock(lock_path: Path) -> int:
+    """The lock file open for reading and writing (made when missing), when it is a regular
+    file: a FIFO or a device there (``/dev/zero``) would hold a lock all the same, and its
+    holder could never be read (the read would wait, or never end)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CapstackError(f"{lock_path}: {not_regular(mode)}; a lock file is a regular file "
+                            f"capstack makes: remove it, then run again")
+    os.set_blocking(fd, True)
+    return fd
+
+
 @contextlib.contextmanager
 def exclusive_run(lock_path: str | os.PathLike, what: str):
     """Hold ``lock_path`` for the block; raise CapstackError at once if held."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(lock_path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,7 +113,7 @@ def waiting_lock(lock_path: str | os.PathLike):
     """A short exclusive section (read-modify-write of the lock file)."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(lock_path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

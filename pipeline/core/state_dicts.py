@@ -4,7 +4,8 @@ Checked before anything is copied, so a refused file leaves the model as it
 was. BatchNorm's ``num_batches_tracked`` counters are ignored on both sides
 (unless ``counters``): frozen-norm checkpoints lack them, and nothing reads them
 at inference. Backbone weights, detector checkpoints and the decoder weights of a
-training checkpoint are refused through :func:`require_fit`, in the same words.
+training checkpoint are refused through :func:`require_fit`, in the same words, and so
+are weights holding NaN or infinity (:func:`require_finite`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,20 @@ def require_fit(state: dict[str, Tensor], model: nn.Module, where, what: str, *,
         problem, keys = misfit
         raise CapstackError(f"{where}: does not fit {what}: {problem} {listed(keys)}"
                             + (f" ({hint})" if hint else ""))
+    require_finite(state, where, spelled)
+
+
+def require_finite(state: dict[str, Tensor], where,
+                   spelled: Callable[[str], str] = lambda key: key) -> None:
+    """Refuse weights holding NaN or infinity (a training that diverged saved them): a
+    detector of NaN weights finds nothing in any image, a decoder's words are noise. Named
+    by the first such tensor: ``w.pth: rpn.conv.weight holds NaN or infinite values``."""
+    bad = [spelled(key) for key, value in state.items()
+           if value.is_floating_point() and not bool(value.isfinite().all())]
+    if bad:
+        raise CapstackError(f"{where}: {listed(bad)} {'holds' if len(bad) == 1 else 'hold'} "
+                            f"NaN or infinite values (weights of a training that diverged?); "
+                            f"train again, or use other weights")
 
 
 def listed(keys: list[str], shown: int = 3) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from pipeline.captions.karpathy import load_karpathy
+from pipeline.captions.karpathy import image_box, load_karpathy
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
@@ -53,8 +53,9 @@ def _crop_box(box, width: int, height: int, margin: float = 0.15):
 
 
 def object_crops(images, image_root: Path, shape_index: dict, color_index: dict,
-                 crop_size: int, progress: bool) -> ObjectCrops:
-    """Every labelled object of ``images`` as a normalised crop (decoded once, kept in memory)."""
+                 crop_size: int, progress: bool, where: Path) -> ObjectCrops:
+    """Every labelled object of ``images`` as a normalised crop (decoded once, kept in memory);
+    ``where``: the dataset json, named with a malformed box."""
     from tqdm import tqdm
 
     transform = grid_transform(crop_size)
@@ -65,11 +66,13 @@ def object_crops(images, image_root: Path, shape_index: dict, color_index: dict,
             picture = load_rgb(path)
         except ImageSkipped as e:
             raise CapstackError(f"{path}: cannot train on this image ({e.reason})") from None
-        for obj in im.extra.get("boxes", []):
+        for k, obj in enumerate(im.extra.get("boxes", [])):
+            if not isinstance(obj, dict):
+                continue  # a bare [x1, y1, x2, y2]: no shape or colour to learn
             shape, color = obj.get("shape") or obj.get("label"), obj.get("color")
             if shape not in shape_index or color not in color_index:
                 continue
-            box = _crop_box(obj["box"], picture.width, picture.height)
+            box = _crop_box(image_box(where, im, k, obj), picture.width, picture.height)
             crops.append(transform(picture.crop(box)).half())
             shapes.append(shape_index[shape])
             colors.append(color_index[color])
@@ -78,7 +81,7 @@ def object_crops(images, image_root: Path, shape_index: dict, color_index: dict,
 
 def _names(images, key: str) -> list[str]:
     names = {(b.get(key) or (b.get("label") if key == "shape" else None))
-             for im in images for b in im.extra.get("boxes", [])}
+             for im in images for b in im.extra.get("boxes", []) if isinstance(b, dict)}
     return sorted(name for name in names if name is not None)
 
 
@@ -116,7 +119,8 @@ def train_backbone(dataset_json: Path, image_root: Path, out: Path, cfg: Backbon
                             f"box, a shape and a color) to train a backbone on")
     shape_index = {n: k for k, n in enumerate(shape_names)}
     color_index = {n: k for k, n in enumerate(color_names)}
-    crops = object_crops(train, image_root, shape_index, color_index, cfg.crop_size, progress)
+    crops = object_crops(train, image_root, shape_index, color_index, cfg.crop_size, progress,
+                         dataset_json)
     generator = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     n_shapes = len(shape_names)
@@ -136,7 +140,8 @@ def train_backbone(dataset_json: Path, image_root: Path, out: Path, cfg: Backbon
         history.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses))})
     metrics = {"objects": len(crops.shapes), **history[-1]}
     if val:
-        held_out = object_crops(val, image_root, shape_index, color_index, cfg.crop_size, False)
+        held_out = object_crops(val, image_root, shape_index, color_index, cfg.crop_size, False,
+                                dataset_json)
         metrics |= _accuracy(model, held_out, n_shapes, cfg.batch_size)
     with atomic_file(out) as tmp:
         torch.save(model.state_dict(), tmp)

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.regular import NotRegular, read_text
 from pipeline.engine.experiments import Experiment, ExperimentPipeline
 from pipeline.engine.stages import NEVER_RUN, Pipeline
 
@@ -53,8 +54,8 @@ def evaluations(pipeline: Pipeline, stages: frozenset[str] | None = None) -> dic
 
 def read_metrics(path: Path) -> dict | None:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(read_text(path, "an evaluation's metrics"))
+    except (OSError, ValueError, NotRegular):
         return None
     metrics = doc.get("metrics") if isinstance(doc, dict) else None
     return metrics if isinstance(metrics, dict) else None

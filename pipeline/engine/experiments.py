@@ -33,6 +33,8 @@ import yaml
 
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import read_text
+from pipeline.core.yamlfile import check_expanded
 from pipeline.engine.stagefile import Stage, StagesFile, parse_assignment
 from pipeline.engine.stages import Pipeline, StageStatus
 
@@ -81,13 +83,14 @@ def read_experiment(workdir: Path, name: str) -> Experiment:
     folder = folder_of(workdir, name)
     path = folder / MANIFEST
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yaml.safe_load(read_text(path, "an experiment manifest"))
     except FileNotFoundError:
         known = ", ".join(e.name for e in experiments(workdir)) or "none"
         raise CapstackError(f"no experiment named '{name}' in {workdir} (experiments: "
                             f"{known})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
         raise CapstackError(f"{path}: not a readable experiment manifest ({e})") from None
+    check_expanded(doc, str(path), "an experiment manifest")
     ok = isinstance(doc, dict) and isinstance(doc.get("params"), dict) \
         and isinstance(doc.get("roots"), list) and all(isinstance(r, str) for r in doc["roots"])
     if not ok or doc.get("name") != name:

@@ -41,9 +41,11 @@ import yaml
 
 from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.entry import capstack_command
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, shown
 from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
+from pipeline.core.regular import read_text
+from pipeline.core.yamlfile import extends_chain
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
                                          distribution_versions, project_root)
@@ -103,11 +105,12 @@ def _param_changes(recorded: Mapping, current: Mapping) -> list[str]:
     changes = []
     for key in sorted(set(recorded) | set(current)):
         if key not in recorded:
-            changes.append(f"param {key} added ({current[key]!r})")
+            changes.append(f"param {key} added ({shown(current[key])})")
         elif key not in current:
             changes.append(f"param {key} removed")
         elif recorded[key] != current[key] or type(recorded[key]) is not type(current[key]):
-            changes.append(f"param {key} {recorded[key]!r} -> {current[key]!r}")
+            # shown in bounded words: a hand-edited lock may hold anything, an alias bomb too
+            changes.append(f"param {key} {shown(recorded[key])} -> {shown(current[key])}")
     return changes
 
 
@@ -133,7 +136,7 @@ class Pipeline:
         """The stages' records; a damaged lock file is set aside (never deleted), said, and
         read as empty: every stage then counts as never run."""
         try:
-            text = self.lock_path.read_text(encoding="utf-8")
+            text = read_text(self.lock_path, "the stages' lock file")
         except FileNotFoundError:
             return {}
         except UnicodeDecodeError:
@@ -181,6 +184,20 @@ class Pipeline:
                    self._hashes.derived(f, "code", code_digest) for f in code_files(module)},
                 **distribution_versions(code_distributions(module))}
 
+    def _deps(self, stage: Stage) -> tuple[str, ...]:
+        """The stage's deps, and the files its YAML deps extend (``extends: OTHER.yaml``,
+        followed to the end of the chain): a variant's training is stale when the experiment
+        it extends changes, as when the variant itself does. Each is named from the workdir
+        when it lies inside it."""
+        found = list(stage.deps)
+        for dep in stage.deps:
+            for path in extends_chain(self._path(dep)):
+                name = str(path.relative_to(self.workdir)) if path.is_relative_to(self.workdir) \
+                    else str(path)
+                if name not in found:
+                    found.append(name)
+        return tuple(found)
+
     def _digests(self, paths: Iterable[str]) -> dict[str, dict | None]:
         out = {}
         for p in paths:
@@ -205,7 +222,8 @@ class Pipeline:
                            "registries")
         else:
             reasons += self._code_changes(record.get("code") or {}, self._code_digest(stage))
-        reasons += self._path_changes("dep", record.get("deps") or {}, stage.deps, "changed")
+        reasons += self._path_changes("dep", record.get("deps") or {}, self._deps(stage),
+                                      "changed")
         reasons += self._path_changes("out", record.get("outs") or {}, stage.outs, "modified")
         self._hashes.save()
         return StageStatus(stage.name, STALE if reasons else UP_TO_DATE, tuple(reasons))
@@ -360,7 +378,7 @@ class Pipeline:
 
     def _execute(self, stage: Stage) -> None:
         self._check_outs_inside(stage)
-        deps = self._digests(stage.deps)
+        deps = self._digests(self._deps(stage))
         missing = self._missing_deps(stage, deps)
         code = self._code_digest(stage)
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}",

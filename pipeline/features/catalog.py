@@ -9,6 +9,7 @@ import numpy as np
 
 from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import NotRegular, read_text
 from pipeline.features.stores import open_store
 from pipeline.features.stores.schema import finite
 
@@ -80,8 +81,9 @@ def size_bytes(path: Path) -> int:
 
 def _users(store: Path) -> list[str]:
     try:
-        users = json.loads(store.with_name(store.name + ".users.json").read_text())
-    except (OSError, ValueError):
+        users = json.loads(read_text(store.with_name(store.name + ".users.json"),
+                                     "a store's users"))
+    except (OSError, ValueError, NotRegular):
         return []
     return [u.get("stage") or u.get("pointer") or "a direct command" for u in users]
 

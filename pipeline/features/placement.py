@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
 from pipeline.core.pointer import write_pointer
+from pipeline.core.regular import NotRegular, read_text
 from pipeline.features.stores import open_store, store_format
 
 SUFFIX = {"lmdb": ".lmdb", "hdf5": ".h5"}
@@ -67,8 +68,8 @@ def publish(store: Path, fp: str, pointer: Path | None) -> None:
     """Record who used ``store`` (the running stage, the pointer) and write the pointer."""
     users_file = store.with_name(store.name + ".users.json")
     try:
-        users = json.loads(users_file.read_text())
-    except (OSError, ValueError):
+        users = json.loads(read_text(users_file, "a store's users"))
+    except (OSError, ValueError, NotRegular):
         users = []
     entry = {"stage": os.environ.get("CAPSTACK_STAGE", ""),
              "pointer": str(Path(pointer).resolve()) if pointer else ""}

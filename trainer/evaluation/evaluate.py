@@ -22,6 +22,7 @@ from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
+from pipeline.core.regular import NotRegular, read_text
 from trainer.checkpoint import check_identity, identity, load_checkpoint
 from trainer.objectives import table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
@@ -113,9 +114,9 @@ def _training_of(log_path: Path | None) -> str:
     if log_path is None:
         return "XE"
     try:
-        return table_labels_of(json.loads((log_path.parent / "config.json").read_text()))[
-            "training"]
-    except (OSError, ValueError):  # no config beside the log, or an unreadable one
+        return table_labels_of(json.loads(read_text(log_path.parent / "config.json",
+                                                    "a run config")))["training"]
+    except (OSError, ValueError, NotRegular):  # no config beside the log, or an unreadable one
         return "XE"
 
 

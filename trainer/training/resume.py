@@ -14,6 +14,7 @@ import torch
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
+from pipeline.core.jsonfile import read_json
 from trainer.checkpoint import check_identity, load_checkpoint
 from trainer.config import ExperimentConfig, experiment_from_dict
 
@@ -72,6 +73,7 @@ def resume(run: Run) -> tuple[int, int] | None:
     Another identity, recipe or start is refused."""
     path = run.out_dir / "last.pt"
     if not path.is_file():
+        check_left_behind(run)
         return None
     ckpt = load_checkpoint(path)
     check_identity(ckpt["identity"], run.identity, path)
@@ -90,6 +92,24 @@ def resume(run: Run) -> tuple[int, int] | None:
     if run.ranks.main:
         trim_log(run.out_dir / "metrics.jsonl", run.epoch, run.step)
     return run.epoch, run.batch
+
+
+LEFT_BEHIND = ("last.pt", "best.pt", "config.json")  # what says a folder holds a run
+
+
+def check_left_behind(run: Run) -> None:
+    """A run folder without ``last.pt`` may still hold a run: its ``best.pt`` (the kept epoch,
+    or the start an RL run validated), or the ``config.json`` of a training killed before its
+    first checkpoint. Training afresh there replaces that best.pt and adds to that log, so it
+    must be the same run: another identity, recipe or start is refused as a resume's is."""
+    best, config = run.out_dir / "best.pt", run.out_dir / "config.json"
+    if best.is_file():
+        ckpt = load_checkpoint(best)
+        check_identity(ckpt["identity"], run.identity, best)
+        check_recipe(run.config, ckpt["experiment"], best)
+        check_start(ckpt.get("start"), run.start, best)
+    elif config.is_file():
+        check_recipe(run.config, read_json(config, "run config"), config)
 
 
 def check_start(started: dict | None, start: dict | None, path: Path) -> None:

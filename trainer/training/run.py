@@ -14,6 +14,7 @@ from pathlib import Path
 import pipeline
 from pipeline.core.errors import CapstackError, cannot_write
 from pipeline.core.ranks import Ranks
+from pipeline.core.regular import open_append
 from trainer.checkpoint import save_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.data import TrainBatches
@@ -220,7 +221,7 @@ class Run:
 def append_line(path: Path, line: str) -> None:
     """Append ``line`` to a log; when the disk refuses it, cut what was written of it (a
     resume reads every line) and say which file."""
-    with open(path, "a") as f:
+    with open_append(path, "a training log") as f:
         start = f.tell()
         try:
             f.write(line + "\n")

@@ -44,6 +44,7 @@ JSON_NAME = "dataset_shapes.json"
 IMAGE_FOLDER = "images"
 CAPTION_STYLES = ("grammar", "free")
 FREE_STREAM = int.from_bytes(b"free", "big")  # the third word of the free captions' seed
+WRITER = "shapes"  # the command whose output folder this is (its marker says so)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def write_shapes_dataset(out_dir, n_train: int = 3000, n_val: int = 250, n_test:
     splits = split_plan(n_train, n_val, n_test)
     out_dir = Path(out_dir)
     records = []
-    with atomic_dir(out_dir, force=force) as tmp:
+    with atomic_dir(out_dir, WRITER, force=force) as tmp:
         images = tmp / IMAGE_FOLDER
         images.mkdir()
         for imgid, split in enumerate(tqdm(splits, desc="shapes", unit="img", file=sys.stderr,

@@ -19,7 +19,7 @@ from typing import cast
 
 import torch
 
-from pipeline.captions.karpathy import load_karpathy
+from pipeline.captions.karpathy import image_box, load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
 from pipeline.features.detectors import quality, targets
@@ -88,7 +88,7 @@ def examples(images, image_root: Path, objects: dict[str, int], attributes: dict
             name = b.get(cfg.label_key)
             if name is None or str(name) not in objects:
                 continue  # a label the train split never shows
-            boxes.append([float(v) for v in b["box"]])
+            boxes.append(list(image_box(where, im, k, b)))
             labels.append(objects[str(name)])
             attrs.append(attributes.get(str(b.get(cfg.attribute_key)), 0)
                          if cfg.attribute_key else 0)
@@ -152,6 +152,19 @@ def step_loss(model: BottomUpDetector, batch: list[Example], cfg: DetectorTraini
     return out
 
 
+def check_finite(losses: dict[str, torch.Tensor], epoch: int, number: int, images) -> None:
+    """Stop at once, before anything is saved, when a loss is NaN or infinite: the weights
+    would be NaN from this step on, and a detector of NaN weights finds nothing."""
+    bad = {name: value.item() for name, value in losses.items()
+           if not torch.isfinite(value).all()}
+    if bad:
+        said = ", ".join(f"{name} {value}" for name, value in bad.items())
+        ids = ", ".join(str(im.image_id) for im in images)
+        raise CapstackError(f"train-detector: epoch {epoch + 1}, batch {number + 1} (images "
+                            f"{ids}): loss {said}; stopped before anything was saved (a lower "
+                            f"--lr?)")
+
+
 def evaluate(model: BottomUpDetector, split: list[Example], progress: bool) -> dict:
     from tqdm import tqdm
 
@@ -206,9 +219,10 @@ def train_detector(dataset_json: Path, image_root: Path, out: Path, cfg: Detecto
         batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
         sums: dict[str, float] = {}
         bar = tqdm(batches, desc=f"detector epoch {epoch + 1}/{cfg.epochs}", disable=not progress)
-        for batch in bar:
+        for number, batch in enumerate(bar):
             losses = step_loss(model, [train_set[k] for k in batch], cfg, train_proposals)
             loss = cast(torch.Tensor, sum(losses.values()))  # four losses at least
+            check_finite(losses, epoch, number, [train[k] for k in batch])
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import read_text
 from trainer.evaluation.figures.render import save_png
 
 MOVING_AVERAGE_WINDOW = 20
@@ -39,7 +40,7 @@ def _is_number(value: object) -> TypeGuard[int | float]:
 def _read_metrics(path: Path) -> list[dict]:
     """Parse the JSON-lines log, naming the file and line of anything malformed."""
     try:
-        text = path.read_text()
+        text = read_text(path, "a training log")
     except FileNotFoundError:
         raise CapstackError(f"{path}: metrics file not found") from None
     except OSError as e:

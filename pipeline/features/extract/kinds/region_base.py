@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.captions.karpathy import load_karpathy
+from pipeline.captions.karpathy import image_box, load_karpathy
 from pipeline.core.errors import CapstackError
 from pipeline.features.detectors.selection import RegionExtractor
 from pipeline.features.extract.job import Extraction
@@ -81,18 +81,10 @@ def _image_boxes(dataset_json: Path, im) -> np.ndarray:
     where = f"{dataset_json}: images[{im.index}] (imgid {im.imgid})"
     if "boxes" not in im.extra:
         raise CapstackError(f'{where}: no "boxes" field, which --boxes given needs')
-    try:
-        rows = [b["box"] if isinstance(b, dict) else b for b in im.extra["boxes"]]
-        array = np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
-    except (TypeError, KeyError, ValueError) as error:
-        raise CapstackError(f"{where}.boxes: expected a list of [x1, y1, x2, y2] "
-                            f"({error})") from error
-    if len(rows) == 0:
-        return np.zeros((0, 4), np.float32)
-    if array.shape[1] != 4 or not np.isfinite(array).all() or (array[:, 2:] <= array[:, :2]).any():
-        raise CapstackError(f"{where}.boxes: expected finite [x1, y1, x2, y2] with x2 > x1 "
-                            f"and y2 > y1")
-    return array
+    if not isinstance(im.extra["boxes"], list):
+        raise CapstackError(f"{where}.boxes: expected a list of [x1, y1, x2, y2]")
+    rows = [image_box(dataset_json, im, k, b) for k, b in enumerate(im.extra["boxes"])]
+    return np.asarray(rows, dtype=np.float32).reshape(len(rows), 4)
 
 
 def _boxes_digest(boxes: dict[int, np.ndarray]) -> str:

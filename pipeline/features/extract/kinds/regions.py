@@ -65,7 +65,7 @@ from torchvision.ops import boxes as box_ops
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
-from pipeline.core.state_dicts import first_misfit, listed
+from pipeline.core.state_dicts import first_misfit, listed, require_finite
 from pipeline.features.detectors.selection import RegionExtractor
 from pipeline.features.extract.kinds import EXTRACTORS
 from pipeline.features.extract.kinds.region_base import RegionKind, SharedRegionSettings
@@ -182,6 +182,7 @@ def _read_state_dict(path: Path) -> dict[str, Tensor]:
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CapstackError(f"{path}: not a state_dict (expected a dict of tensors)")
+    require_finite(state, path)
     return state
 
 

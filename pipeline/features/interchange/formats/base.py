@@ -22,7 +22,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from pipeline.core import regular
 from pipeline.core.errors import CapstackError
+from pipeline.core.regular import not_regular
 from pipeline.core.safe_pickle import MAX_ARRAY_BYTES, RefusedPickle
 from pipeline.features.catalog import size_bytes
 from pipeline.features.stores import Record
@@ -135,27 +137,14 @@ def whole(value, name: str) -> int:
 
 
 def open_regular(path: Path):
-    """``path`` open for binary reading, when it is a regular file; else :class:`BadRow`.
-
-    A FIFO or a device may never answer (``open`` of a FIFO blocks until a writer
-    comes), so the file is opened without blocking and looked at before any read."""
+    """``path`` open for binary reading, when it is a regular file; else :class:`BadRow`
+    (pipeline/core/regular.py: a FIFO or a device may never answer, so it is never read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return regular.open_regular(path, "a feature file")
     except OSError as error:
         raise BadRow(f"{path}: cannot read ({error.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise BadRow(f"{path}: {not_regular(mode)}, never read")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def not_regular(mode: int) -> str:
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    kind = next((name for test, name in kinds if test(mode)), "a special file")
-    return f"not a regular file ({kind})"
+    except regular.NotRegular as error:
+        raise BadRow(str(error)) from None
 
 
 def readable(load: Callable, *args):
