@@ -188,9 +188,9 @@ def test_caption_extracts_and_decodes_a_bounded_batch_at_a_time(setup, tmp_path)
     files = sorted((dataset.parent / "images").glob("*.png"))
     files = (files * 3)[:2 * CAPTION_BATCH + 3]
     captions = caption_files(root / "run", files, extractor_for, beam_size=2,
-                             attention=tmp_path / "att.png")
+                             attention=tmp_path / "att_{n}.png")
     assert seen == [CAPTION_BATCH, CAPTION_BATCH, 3]
     assert [c.path for c in captions] == files
-    assert captions[-1].attention == tmp_path / f"att_{len(files) - 1}.png"
+    assert captions[-1].attention == tmp_path / f"att_{len(files)}.png"
     alone = caption_files(root / "run", files[-1:], extractor_for, beam_size=2)
     assert alone[0].words == captions[-1].words
