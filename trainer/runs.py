@@ -26,6 +26,7 @@ from typing import Any
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json, write_json
 from pipeline.core.regular import read_text
+from pipeline.core.runlock import lock_beside
 
 STATE_FILE = "state.json"
 MARKER = "capstack-run"  # state.json's "capstack" value: what makes a folder a run
@@ -145,7 +146,7 @@ def read_run(folder: Path, workdir: Path) -> RunRow | None:
 def lock_held(folder: Path) -> bool:
     """Whether a training holds ``<folder>.lock``: a shared lock is refused while it does.
     The lock file is emptied when released, so an empty one is not even tried."""
-    lock = folder.with_name(folder.name + ".lock")
+    lock = lock_beside(folder)
     try:
         if lock.stat().st_size == 0:
             return False

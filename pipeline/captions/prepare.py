@@ -53,6 +53,7 @@ from pipeline.captions.vocab import UNK_ID, Vocabulary
 from pipeline.captions.vocab_rules import DEFAULT_RULE, VOCAB_RULES
 from pipeline.core.atomic import atomic_dir, check_replaceable
 from pipeline.core.errors import CapstackError
+from pipeline.core.hdf5files import written_whole
 
 WRITER = "prepare"  # the command whose output folder this is (its marker says so)
 OUT_SPLITS = ("train", "val", "test")
@@ -168,9 +169,7 @@ def coco_references(images, dataset_name: str, lemmatizer: dict | None = None) -
 
 def _write_captions_h5(path, dataset, vocab, labels, lengths, starts, ends, max_len, min_count,
                        dataset_json, restval="train", lemmatizer=None):
-    import h5py
-
-    with h5py.File(path, "w") as f:
+    with written_whole(path) as f:  # built in memory: a full disk is Python's OSError, not HDF5's
         f.create_dataset("labels", data=labels, compression="gzip", compression_opts=1)
         f.create_dataset("lengths", data=lengths)
         f.create_dataset("label_start", data=starts)

@@ -68,7 +68,9 @@ def _open_lock(lock_path: Path) -> int:
 
 @contextlib.contextmanager
 def exclusive_run(lock_path: str | os.PathLike, what: str):
-    """Hold ``lock_path`` for the block; raise CapstackError at once if held."""
+    """Hold ``lock_path`` for the block, which gets the lock's descriptor; raise CapstackError
+    at once if held. A child process handed the descriptor (the stage engine's keeper) holds
+    the lock with it should this process die first."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = _open_lock(lock_path)
@@ -91,7 +93,7 @@ def exclusive_run(lock_path: str | os.PathLike, what: str):
             os.pwrite(fd, json.dumps(holder).encode(), 0)
         _HELD.add(fd)
         try:
-            yield
+            yield fd
         finally:
             _HELD.discard(fd)
             with contextlib.suppress(OSError):
@@ -101,11 +103,18 @@ def exclusive_run(lock_path: str | os.PathLike, what: str):
         os.close(fd)
 
 
+def lock_beside(path: str | os.PathLike) -> Path:
+    """``<path>.lock`` beside what ``path`` names once its symbolic links are followed: two
+    names of one folder (``runs/a`` and ``runs/b`` linking to ``runs/real``) share one lock."""
+    path = Path(path).resolve()
+    return path.with_name(path.name + ".lock")
+
+
 def exclusive_beside(path: str | os.PathLike, what: str):
-    """:func:`exclusive_run` on ``<path>.lock``, beside what one run at a time writes (a store,
-    a run folder): the lock outlives the path being moved or replaced."""
-    path = Path(path)
-    return exclusive_run(path.with_name(path.name + ".lock"), what)
+    """:func:`exclusive_run` on ``<path>.lock`` (:func:`lock_beside`), beside what one run at
+    a time writes (a store, a run folder): the lock outlives the path being moved or
+    replaced."""
+    return exclusive_run(lock_beside(path), what)
 
 
 @contextlib.contextmanager

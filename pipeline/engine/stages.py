@@ -15,7 +15,9 @@ path from the workdir) but never through a shell unless the stage says
 ``shell: true``. capstack's commands write their outs under temporary names and
 rename them when complete; the engine writes the lock entry only after the
 command succeeded and every out exists and was hashed, so a stage killed or
-failed half way is never recorded as done.
+failed half way is never recorded as done. The command runs in a process group of its
+own, through a keeper (keeper.py): its processes, a shell's children too, end with the
+engine when it is stopped or killed, and the stage stays locked until they have.
 
 Only a capstack command has a code version (the code of the source files its
 module imports or its plug packages load, and the installed version of a
@@ -30,7 +32,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import time
 from contextlib import suppress
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from pipeline.core.yamlfile import extends_chain
 from pipeline.core.runlock import exclusive_run, waiting_lock
 from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
                                          distribution_versions, project_root)
+from pipeline.engine.keeper import run_kept
 from pipeline.engine.stagefile import Stage, StagesFile
 
 UP_TO_DATE, STALE, NEVER_RUN = "up to date", "stale", "never run"
@@ -338,14 +340,14 @@ class Pipeline:
     def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
         flat = stage.name.replace("/", "--")  # a foreach key may be a path: one file name
         holder = self.state_dir / "running" / f"{self.file.path.stem}.{flat}.pid"
-        with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}"):
+        with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}") as lock:
             status = self.own_status(stage)
             if status.up_to_date and not force:
                 report(f"Stage '{stage.name}' is up to date, skipping.")
                 return False
             why = "forced" if status.up_to_date else status.describe()
             report(f"Running stage '{stage.name}' ({why}): {stage.cmd}")
-            self._execute(stage)
+            self._execute(stage, lock)
             return True
 
     def _check_outs_inside(self, stage: Stage) -> None:
@@ -376,7 +378,10 @@ class Pipeline:
                                 f"{self.workdir}), and no stage of {self.file.path} makes it")
         return missing
 
-    def _execute(self, stage: Stage) -> None:
+    def _execute(self, stage: Stage, lock: int) -> None:
+        """Run the stage's command through a keeper (keeper.py) holding the stage's ``lock``:
+        the command's processes end with this one, stopped or killed, and the lock holds
+        until they have."""
         self._check_outs_inside(stage)
         deps = self._digests(self._deps(stage))
         missing = self._missing_deps(stage, deps)
@@ -384,14 +389,16 @@ class Pipeline:
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}",
                **self._stage_environment()}
         if stage.command:
-            argv, executable = capstack_command(stage.argv), None
+            argv = capstack_command(stage.argv)
+            executable = argv[0]
             if stage.nproc > 1:  # the command's --nproc: it launches torchrun itself
                 env["CAPSTACK_NPROC"] = str(stage.nproc)
         else:  # run as found now, whatever the child's PATH or folder would find
             argv, executable = list(stage.argv), self._find_program(stage, env)
         started = time.time()
         try:
-            rc = subprocess.run(argv, cwd=self.workdir, env=env, executable=executable).returncode
+            rc = run_kept(argv, executable=executable, cwd=self.workdir, env=env,
+                          pass_fds=(lock,))
         except OSError as e:  # found, but not something this machine can start
             raise CapstackError(f"{self.file.path}: stages.{stage.name}.cmd: cannot run program "
                                 f"'{stage.program}': {e.strerror or e}") from None

@@ -53,9 +53,11 @@ def create_writer(path: str | Path, meta: dict, format: str | None = None) -> St
 
 
 def remove_store(path: str | Path) -> None:
-    """Delete a store, complete or partial, and its lock file."""
+    """Delete a store, complete or partial, its lock file and the reserve of room an HDF5
+    store's writer keeps beside it (left by a killed one)."""
     path = Path(path)
-    for each in (path, partial_path(path)):
+    partial = partial_path(path)
+    for each in (path, partial, partial.with_name(partial.name + ".reserve")):
         if each.is_dir():
             shutil.rmtree(each)
         elif each.exists():

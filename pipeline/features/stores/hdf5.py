@@ -13,8 +13,17 @@ Layout of the file (ending in ``.h5``):
 
 HDF5 files are not crash-safe, so each commit appends, flushes, and only then
 advances the ``committed_*`` counters; a writer resuming after a kill
-truncates the datasets back to them. A file too damaged to open is started
-again (its records are redone, never trusted).
+truncates the datasets back to them. A file too damaged to open or to resume is
+started again (its records are redone, never trusted).
+
+HDF5 meeting a full disk breaks the file and ends the process in a segmentation
+fault, so it never does (pipeline/core/hdf5files.py): the room for each commit is
+checked before it is written, and should the disk fill anyway, the reserve kept
+beside the file (``<store>.partial.reserve``) is given back for HDF5 to close the
+file at its last commit. Either way the refusal is one line, and the next run
+resumes. Every dataset stays open while the file is: HDF5 writes a dataset's
+cached chunks when the dataset is closed, and a write failing there would be lost
+in h5py's deallocation, unseen.
 
 Every dataset is written with HDF5's Fletcher-32 filter (metadata
 ``"record_checksum": "fletcher32"``): HDF5 checks each chunk it reads, and a
@@ -25,34 +34,89 @@ reader turns a failed check, or a file whose structure no longer parses, into
 from __future__ import annotations
 
 import json
+import logging
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import h5py
 import numpy as np
 
 from pipeline.core.errors import CapstackError
+from pipeline.core.hdf5files import Reserve, check_room, disk_refusal
 from pipeline.features.stores.base import Batch, Record, StoreReader, StoreWriter
 
 _STR = h5py.string_dtype()
 CHECKSUM = "fletcher32"
+RESERVE_SUFFIX = ".reserve"  # beside the partial store while it is written
+_DAMAGE = (OSError, RuntimeError, KeyError, ValueError)  # h5py's errors on a damaged file
+log = logging.getLogger(__name__)
 
 
 class Hdf5Writer(StoreWriter):
     def __init__(self, path, meta):
         super().__init__(path, meta)
         self._file = None
+        self._sets: dict[str, h5py.Dataset] = {}
+        self._chunk_bytes = 0
         self.meta["record_checksum"] = CHECKSUM
-        if self.partial.exists():
-            try:
-                self._file = h5py.File(self.partial, "a")
-            except OSError:
-                self.partial.unlink()  # damaged by the kill: redo its records
-        if self._file is None:
-            with self.refusals_named():
-                self._create()
-        else:
+        with self.refusals_named():
+            self._reserve = Reserve(self.partial.with_name(self.partial.name + RESERVE_SUFFIX))
+        try:
+            if self.partial.exists():
+                with self.refusals_named():
+                    self._reopen()
+            if self._file is None:
+                with self.refusals_named(), self._guarded(0):
+                    self._create()
+        except BaseException:
+            self.close()
+            raise
+
+    def _reopen(self) -> None:
+        """Resume the partial store, or, when it is too damaged to open or to resume (a kill
+        in the middle of a commit, HDF5 having met a full disk), start it again: its records
+        are redone, never trusted."""
+        try:
+            self._file = h5py.File(self.partial, "a")
+            self._hold_datasets()
             self._resume()
+        except _DAMAGE as error:
+            refusal = disk_refusal(error)
+            if refusal is not None:  # read-only, say: the partial store is not the problem
+                self.close()
+                raise refusal from None
+            log.warning("%s: damaged (%s); starting it again", self.partial,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__)
+            self._drop_file()
+            self.done.clear()
+            self.skipped.clear()
+            self.progress = None
+            self.partial.unlink()
+
+    @contextmanager
+    def _guarded(self, nbytes: int):
+        """A write of about ``nbytes`` to the file: refused before HDF5 sees it when the disk
+        lacks the room (with a chunk of every dataset, rewritten); should HDF5 fail anyway,
+        the reserve is given back, the file closed whole at its last commit, and the disk's
+        refusal raised as an OSError."""
+        check_room(self.partial, nbytes + self._chunk_bytes)
+        try:
+            yield
+        except Exception as error:
+            refusal = disk_refusal(error)
+            self._reserve.release()
+            self._drop_file()
+            if refusal is None:
+                raise
+            raise refusal from None
+
+    def _drop_file(self) -> None:
+        """Close the file after HDF5 failed on it, whatever closing it raises."""
+        self._sets = {}
+        with suppress(*_DAMAGE):
+            if self._file is not None:
+                self._file.close()
+        self._file = None
 
     def _create(self) -> None:
         f = self._file = h5py.File(self.partial, "w")
@@ -68,7 +132,15 @@ class Hdf5Writer(StoreWriter):
         f.create_dataset("hw", (0, 2), np.int32, maxshape=(None, 2), chunks=(4096, 2),
                          fletcher32=True)
         f.attrs["meta"] = json.dumps(self.meta)
+        self._hold_datasets()
         self._set_committed(0, 0, 0)
+
+    def _hold_datasets(self) -> None:
+        """Every dataset open while the file is (see the module's docstring), and the bytes of
+        a chunk of each: what a commit rewrites besides what it appends."""
+        self._sets = {name: d for name, d in self._file.items() if isinstance(d, h5py.Dataset)}
+        self._chunk_bytes = sum(int(np.prod(d.chunks)) * d.dtype.itemsize
+                                for d in self._sets.values() if d.chunks)
 
     def _set_committed(self, records: int, rows: int, skipped: int,
                        progress: dict | None = None) -> None:
@@ -85,7 +157,7 @@ class Hdf5Writer(StoreWriter):
         return int(a["committed_records"]), int(a["committed_rows"]), int(a["committed_skipped"])
 
     def _resume(self) -> None:
-        f = self._file
+        f, sets = self._file, self._sets
         old = json.loads(f.attrs.get("meta", "{}"))
         if old.get("fingerprint") != self.meta["fingerprint"]:
             self.close()
@@ -97,13 +169,13 @@ class Hdf5Writer(StoreWriter):
         progress = f.attrs.get("progress")
         self.progress = json.loads(progress) if progress is not None else None
         for name in ("image_ids", "row_start", "row_count", "hw"):
-            f[name].resize(records, axis=0)
+            sets[name].resize(records, axis=0)
         for name in self.schema.names:
-            f[name].resize(rows, axis=0)
+            sets[name].resize(rows, axis=0)
         for name in ("skipped_ids", "skipped_reasons"):
-            f[name].resize(skipped, axis=0)
-        self.done.update(int(i) for i in f["image_ids"][:])
-        for i, reason in zip(f["skipped_ids"][:], f["skipped_reasons"].asstr()[:]):
+            sets[name].resize(skipped, axis=0)
+        self.done.update(int(i) for i in sets["image_ids"][:])
+        for i, reason in zip(sets["skipped_ids"][:], sets["skipped_reasons"].asstr()[:]):
             self.done.add(int(i))
             self.skipped[int(i)] = reason
 
@@ -114,7 +186,13 @@ class Hdf5Writer(StoreWriter):
         dataset[n:] = values
 
     def _commit(self, records, skipped, progress) -> None:
-        f = self._file
+        size = sum(r[name].nbytes + 32 for _, r in records for name in self.schema.names) + \
+            sum(len(reason.encode()) + 64 for _, reason in skipped)
+        with self._guarded(size + len(json.dumps(progress or {}))):
+            self._append_commit(records, skipped, progress)
+
+    def _append_commit(self, records, skipped, progress) -> None:
+        f = self._sets
         n_records, n_rows, n_skipped = self._counts()
         if records:
             counts = np.array([r.num for _, r in records], np.int32)
@@ -134,15 +212,19 @@ class Hdf5Writer(StoreWriter):
         self._set_committed(n_records, n_rows, n_skipped, progress)
 
     def _write_final_meta(self) -> None:
-        self._file.attrs["meta"] = json.dumps(self.meta)
-        if "progress" in self._file.attrs:
-            del self._file.attrs["progress"]
-        self._file.flush()
+        text = json.dumps(self.meta)
+        with self._guarded(len(text)):
+            self._file.attrs["meta"] = text
+            if "progress" in self._file.attrs:
+                del self._file.attrs["progress"]
+            self._file.flush()
 
     def close(self) -> None:
+        self._sets = {}
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._reserve.release()
 
 
 class Hdf5Reader(StoreReader):
