@@ -319,9 +319,8 @@ def test_shipped_stages_files_and_experiments_are_valid():
 def test_a_stage_nproc_reaches_its_command_as_capstack_nproc(tmp_path, monkeypatch):
     """``nproc: 2`` on a train stage: the command runs with CAPSTACK_NPROC=2 (its --nproc), and
     nproc is no param: changing it leaves the stage up to date."""
-    import subprocess
-
     from cli import _pipeline
+    from pipeline.engine import stages
 
     path = tmp_path / "stages.yaml"
     path.write_text("""
@@ -335,12 +334,12 @@ stages:
     assert pipeline.file.stage("train").nproc == 2 and pipeline.file.stage("train").params == {}
     seen = {}
 
-    def fake_run(argv, cwd, env, executable=None):
+    def fake_run(argv, *, executable, cwd=None, env=None, pass_fds=()):
         seen.update(argv=argv, nproc=env.get("CAPSTACK_NPROC"))
         (tmp_path / "runs" / "x").mkdir(parents=True)
-        return subprocess.CompletedProcess(argv, 0)
+        return 0
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(stages, "run_kept", fake_run)  # the command, as the engine starts it
     pipeline.run("train", report=lambda line: None)
     assert seen["nproc"] == "2" and seen["argv"][-4:] == ["train", "x.yaml", "--out", "runs/x"]
     path.write_text(path.read_text().replace("nproc: 2", "nproc: 4"))
