@@ -324,7 +324,9 @@ def _store_options(func):
                      help="Store backend when the path's suffix does not say [lmdb]."),
         click.option("--pointer", type=OutputFile(), default=None,
                      help="Also write a small json naming the store (a stage's out)."),
-        click.option("--dtype", type=FEATURE_DTYPES, cls=SettingOption),
+        click.option("--dtype", type=FEATURE_DTYPES, cls=SettingOption,
+                     help="Feature dtype in the store [float16; float32 for --weights random, "
+                          "whose activations pass float16's range]."),
         click.option("--batch", "batch_size", default=16, show_default=True,
                      type=click.IntRange(1, MAX_BATCH)),
         click.option("--workers", default=2, show_default=True, help="Image decoding processes.",
@@ -627,7 +629,8 @@ def rewards_cmd():
 @nproc_option
 def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, nproc):
     """Train (or resume) a decoder on cached features, as the EXPERIMENT yaml says; one line
-    per epoch: mean training loss, validation CIDEr (greedy), the best so far, time.
+    per epoch: mean training loss, validation CIDEr (greedy, x100 as the report prints it),
+    the best so far, time.
 
     Under torchrun (or with --nproc N) every process trains its part of each batch (DDP)."""
     hand_over_to_torchrun(nproc)
@@ -658,11 +661,17 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, np
                f"{r.best_epoch + 1} -> {out_dir}/best.pt")
 
 
+def _percent(score: float) -> str:
+    """A score as every printed table shows it, x100 as the papers print them (0.512 -> 51.2):
+    the report's scale, for the lines of train, runs and evaluate too."""
+    return f"{100 * score:.1f}"
+
+
 def _kept(select_on: str, best_score: float, best_cider: float) -> str:
-    """``CIDEr 0.512``, or ``BLEU-4 0.301 (CIDEr 0.512)`` when kept on another score."""
+    """``CIDEr 51.2``, or ``BLEU-4 30.1 (CIDEr 51.2)`` when kept on another score."""
     if select_on == "cider":
-        return f"CIDEr {best_cider:.3f}"
-    return f"{_label(select_on)} {best_score:.3f} (CIDEr {best_cider:.3f})"
+        return f"CIDEr {_percent(best_cider)}"
+    return f"{_label(select_on)} {_percent(best_score)} (CIDEr {_percent(best_cider)})"
 
 
 def _label(select_on: str) -> str:
@@ -673,14 +682,14 @@ def _label(select_on: str) -> str:
 
 
 def _echo_epoch(e) -> None:
-    """``epoch 3/8  loss 2.314  val CIDEr 0.512  best 0.512 (epoch 3)  41.2 s``; kept on
-    BLEU-4: ``... val CIDEr 0.512  BLEU-4 0.301  best BLEU-4 0.305 (epoch 2)  41.2 s``"""
+    """``epoch 3/8  loss 2.314  val CIDEr 51.2  best 51.2 (epoch 3)  41.2 s``; kept on
+    BLEU-4: ``... val CIDEr 51.2  BLEU-4 30.1  best BLEU-4 30.5 (epoch 2)  41.2 s``"""
     loss = f"{e.loss:.3f}" if e.loss is not None else "n/a"
     best_at = f"epoch {e.best_epoch}" if e.best_epoch > 0 else "start"
     label = _label(e.select_on)
-    best = f"best {e.best_cider:.3f}" if e.select_on == "cider" else \
-        f"{label} {e.val_score:.3f}  best {label} {e.best_score:.3f}"
-    click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {e.val_cider:.3f}  "
+    best = f"best {_percent(e.best_cider)}" if e.select_on == "cider" else \
+        f"{label} {_percent(e.val_score)}  best {label} {_percent(e.best_score)}"
+    click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {_percent(e.val_cider)}  "
                f"{best} ({best_at})  {e.seconds:.1f} s")
 
 
@@ -690,7 +699,8 @@ def _echo_epoch(e) -> None:
 def runs_cmd(workdir, as_json):
     """The runs under WORKDIR/runs/ (default: here), by name: decoder, objective, epochs done
     of those planned, state (running, finished, failed, stopped), best validation CIDEr and
-    test CIDEr once evaluated (evals/NAME/ or the run's eval/)."""
+    test CIDEr once evaluated (evals/NAME/, or the run's eval/ where older capstacks wrote),
+    x100 as the report prints them (--json: as stored, 0 to 1 and beyond)."""
     from dataclasses import asdict
 
     from trainer.runs import list_runs
@@ -706,7 +716,8 @@ def runs_cmd(workdir, as_json):
     def best(r):
         if r.best_cider is None:
             return "-"
-        return f"{r.best_cider:.3f} ({f'epoch {r.best_epoch}' if r.best_epoch else 'start'})"
+        at = f"epoch {r.best_epoch}" if r.best_epoch else "start"
+        return f"{_percent(r.best_cider)} ({at})"
 
     def known(value):
         return "?" if value is None else str(value)
@@ -714,7 +725,7 @@ def runs_cmd(workdir, as_json):
     table = [("name", "decoder", "objective", "epochs", "state", "best val CIDEr", "test CIDEr")]
     table += [(r.name, known(r.decoder), known(r.objective),
                f"{known(r.epochs_done)}/{known(r.epochs)}", known(r.state), best(r),
-               "-" if r.test_cider is None else f"{r.test_cider:.3f}") for r in rows]
+               "-" if r.test_cider is None else _percent(r.test_cider)) for r in rows]
     widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
     click.echo("  ".join(cell.ljust(w) for cell, w in zip(table[0], widths)).rstrip())
     for r, row in zip(rows, table[1:]):
@@ -728,7 +739,9 @@ def runs_cmd(workdir, as_json):
 @click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Score TARGET as a COCO results file against these references.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where results, metrics.json and figures go [RUN/eval].")
+              help="Where results, metrics.json and figures go [evals/NAME beside the runs/ "
+                   "folder holding RUN, as the stages write it: runs/top_down -> "
+                   "evals/top_down].")
 @click.option("--split", type=NamesOf("trainer.config:SPLITS"), default=None,
               help="[the experiment's eval.split]")
 @click.option("--beam", "beam_size", type=click.IntRange(1, 100), default=None,
@@ -745,6 +758,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
     eval: section says unless options override it; or score RESULTS --refs REFS."""
     from trainer.evaluation.evaluate import evaluate_checkpoint
+    from trainer.runs import evaluation_folder
     from trainer.scoring.metrics import score_files
 
     if refs is not None:
@@ -762,7 +776,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
             write_json(out_dir / "metrics.json", scores)
             write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
     else:
-        out_dir = out_dir or (target if target.is_dir() else target.parent) / "eval"
+        out_dir = out_dir or evaluation_folder(target)
         scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
                                      max_len=max_len, figures=figures, max_refs=max_refs,
                                      device=device)
@@ -773,7 +787,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
 
 def _echo_scores(scores: dict) -> None:
     for name, value in scores["metrics"].items():
-        shown = f"{100 * value:6.1f}" if value is not None else \
+        shown = f"{_percent(value):>6}" if value is not None else \
             f"   n/a ({scores['unavailable'].get(name, 'unavailable')})"
         click.echo(f"  {name:<8}{shown}")
     refs = f", first {scores['max_refs']} references" if scores.get("max_refs") else ""
@@ -786,7 +800,9 @@ def _echo_scores(scores: dict) -> None:
 @click.argument("images", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--attention", type=OutputFile(), default=None,
-              help="Draw the attention per word to this PNG (IMAGE_k suffixes for several images).")
+              help="Draw the attention per word to this PNG. For several images the name holds "
+                   "{stem} (each image's file name) or {n} (its place, from 1): "
+                   "--attention 'att/{stem}.png'.")
 @click.option("--beam", "beam_size", default=5, show_default=True, type=click.IntRange(1, 100))
 @click.option("--max-len", default=16, show_default=True,
               type=click.IntRange(1, MAX_CAPTION_WORDS))
@@ -804,7 +820,9 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
                              device=dev)
     for c in captions:
         notes = ([f"{c.regions} regions"] if c.regions is not None else []) + \
-            ([f"attention -> {c.attention}"] if c.attention else [])
+            ([f"attention -> {c.attention}"] if c.attention else
+             ["no attention to draw: the decoder attends over no single grid or set of regions"]
+             if attention else [])
         drawn = f"  [{'; '.join(notes)}]" if notes else ""
         click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
 
@@ -907,20 +925,22 @@ def inspect_cmd(store, fmt, as_json):
 
 @main.command("verify")
 @click.argument("store", type=click.Path(path_type=Path))
-@click.option("--dataset", "dataset_json", required=True,
-              type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dataset", "dataset_json", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="The Karpathy-format json whose images STORE must hold [the one STORE "
+                   "records it was made from].")
 @click.option("--deep", is_flag=True,
               help="Also read every record: check its checksum and that no value is NaN or "
                    "infinite.")
 def verify_cmd(store, dataset_json, deep):
-    """Check that STORE holds a record for every image of the dataset (and, with --deep, that
-    every record reads and holds finite values)."""
+    """Check that STORE holds a record for every image of the dataset it was made from, or of
+    --dataset (and, with --deep, that every record reads and holds finite values)."""
     from pipeline.core.pointer import read_pointer
     from pipeline.features.catalog import check_every_record, verify_store
 
     path = read_pointer(store)
     result = verify_store(path, dataset_json)
-    click.echo(f"{result['store']}: all {result['images']} images of {dataset_json} present "
+    click.echo(f"{result['store']}: all {result['images']} images of {result['dataset']} present "
                f"({result['skipped']} skipped when the store was made, reported by training)")
     if deep:
         read, checksum = check_every_record(path)
@@ -1003,23 +1023,47 @@ def _in_experiment(pipeline, name: str | None):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def stages_cmd(stages_path, workdir, experiment, as_json):
     """One line per stage: up to date, stale (and why), or never run; with --name, as the
-    experiment has them (its own stages, and the baseline's it shares, said so)."""
+    experiment has them (its own stages, and the baseline's it shares, said so). When the file
+    names its demo, the stages `capstack demo` runs are marked demo, and a last line counts
+    their states apart from the others'."""
     pipeline = _in_experiment(_pipeline(stages_path, workdir), experiment)
     statuses, off = pipeline.statuses(), pipeline.file.off
     own = getattr(pipeline, "own", None)
+    demo = set(pipeline.demo_stages()) if pipeline.file.demo else None
     if as_json:
         listing = {n: {"state": s.state, "reasons": list(s.reasons),
-                       **({} if own is None else {"own": n in own})}
+                       **({} if own is None else {"own": n in own}),
+                       **({} if demo is None else {"demo": n in demo})}
                    for n, s in statuses.items()}
         listing |= {n: {"state": "off", "reasons": [why]} for n, why in off.items()}
         click.echo(json.dumps(listing, indent=2))
         return
     width = max(len(n) for n in [*statuses, *off])
+    mark = (lambda name: "") if demo is None else \
+        (lambda name: "demo  " if name in demo else "      ")
     for name, status in statuses.items():
         shared = "  (baseline's)" if own is not None and name not in own else ""
-        click.echo(f"{name:<{width}}  {status.describe()}{shared}")
+        click.echo(f"{name:<{width}}  {mark(name)}{status.describe()}{shared}")
     for name, why in off.items():
-        click.echo(f"{name:<{width}}  off ({why})")
+        click.echo(f"{name:<{width}}  {mark(name)}off ({why})")
+    if demo is not None and len(demo) < len(statuses):
+        click.echo(_demo_summary(pipeline.file.demo, statuses, demo))
+
+
+def _demo_summary(targets, statuses: dict, demo: set[str]) -> str:
+    """``demo (capstack demo: report and what it needs): 16 stages, 16 up to date; the other
+    39: 39 never run``: whether the demo is done, apart from the stages it does not run."""
+    def counted(names) -> str:
+        counts: dict[str, int] = {}
+        for name in names:
+            counts[statuses[name].state] = counts.get(statuses[name].state, 0) + 1
+        return ", ".join(f"{n} {state}" for state, n in counts.items())
+
+    others = [n for n in statuses if n not in demo]
+    stages = f"{len(demo)} stage{'' if len(demo) == 1 else 's'}"
+    return (f"demo (`capstack demo`: {', '.join(targets)} and what it needs): {stages}, "
+            f"{counted(n for n in statuses if n in demo)}; the other {len(others)}: "
+            f"{counted(others)}")
 
 
 @main.command("run")
@@ -1147,15 +1191,13 @@ def demo_cmd(stages_path, workdir, outs_outside_workdir):
     """The stages file's demo (its `demo:` stages and all they need; else every stage), in
     order, each skipped when up to date."""
     pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
-    targets = pipeline.file.demo
+    targets, total = pipeline.file.demo, len(pipeline.demo_stages())
     if not targets:
-        ran, total = pipeline.run_all(report=click.echo), len(pipeline.file.order)
+        ran = pipeline.run_all(report=click.echo)
     else:
-        ran, needed = [], set(targets)
+        ran = []
         for target in targets:
-            needed.update(pipeline.upstream_closure(target))
             ran += pipeline.run(target, with_deps=True, report=click.echo)
-        total = len(needed)
     click.echo(f"demo: {len(ran)} stage(s) ran, {total - len(ran)} up to date.")
 
 

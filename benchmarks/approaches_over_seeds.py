@@ -164,6 +164,20 @@ def run_in_parallel(rows: dict[str, list[tuple[str, str]]], seeds: list[int], wo
     return [name for name in rows if not any(failures[(name, seed)] for seed in seeds)]
 
 
+def evaluated_phases(rows: dict[str, list[tuple[str, str]]], seeds: list[int], workdir: Path
+                     ) -> dict[str, list[tuple[str, str]]]:
+    """Each row's phases whose evaluation exists at every seed; the rows with any left."""
+    kept = {name: [(family, suffix) for family, suffix in row if all(
+        (workdir / folder / "metrics.json").is_file() for folder in folders(name, suffix, seeds))]
+        for name, row in rows.items()}
+    for name, row in rows.items():
+        missing = [suffix or "XE" for phase in row if phase not in kept[name]
+                   for suffix in [phase[1]]]
+        if missing:
+            print(f"{name}: not evaluated at every seed: {', '.join(missing)}", flush=True)
+    return {name: row for name, row in kept.items() if row}
+
+
 def compare(a: list[str], b: list[str], out: Path, workdir: Path) -> dict:
     """``capstack report --compare`` over seeds: CIDEr's difference, interval, share."""
     capstack("report", "--compare", ",".join(a), ",".join(b), "--out", str(out),
@@ -220,6 +234,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=None, help="these rows (default: every "
                                                             "approach)")
     ap.add_argument("--xe-only", action="store_true", help="train and evaluate XE runs only")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: compare the evaluations the workdir holds (made there or "
+                         "on another machine), each phase whose every seed is evaluated")
     ap.add_argument("--jobs", type=int, default=1,
                     help="(row, seed) chains run at once, each its stages in turn, its output "
                          "in OUT/logs/ROW-seedS.log (a GPU or many cores); default 1: in turn")
@@ -229,7 +246,9 @@ def main() -> None:
     seeds, workdir = parse_seeds(",".join(args.seeds)), args.workdir.resolve()
     names, stages = args.only or list(DECODERS), stage_names(workdir)
     phases = {name: row_phases(name, stages, not args.xe_only) for name in names}
-    if args.jobs > 1:
+    if args.report_only:
+        phases = evaluated_phases(phases, seeds, workdir)
+    elif args.jobs > 1:
         done = run_in_parallel(phases, seeds, workdir, args.jobs, workdir / args.out / "logs")
         phases = {name: phases[name] for name in done}
     else:

@@ -137,14 +137,15 @@ def table_block(run: DemoRun) -> str:
     return "\n".join(shown(line, run) for line in table.strip().splitlines()) + "\n"
 
 
-def time_block(run: DemoRun) -> str:
+def time_block(run: DemoRun, longest: int = 4) -> str:
+    """The demo's whole time in one line, with its ``longest`` stages' (the rest take less)."""
     if run.total_seconds is None:
         return "(not timed: make figures times the demo)\n"
     minutes, seconds = divmod(round(run.total_seconds), 60)
-    rows = "\n".join(f"| {name} | {s:.0f} s |" for name, s in run.stage_seconds.items())
+    slowest = sorted(run.stage_seconds.items(), key=lambda item: -item[1])[:longest]
+    stages = ", ".join(f"`{name}` {s:.0f} s" for name, s in slowest)
     return (f"{minutes}m{seconds:02d}s for `capstack demo` on {os.cpu_count()} CPU cores "
-            f"(`make figures` timed it; the install apart):\n\n| stage | time |\n|---|---|\n"
-            f"{rows}\n")
+            f"(`make figures` timed it; the install apart). The longest stages: {stages}.\n")
 
 
 def demo_bodies(run: DemoRun) -> dict[str, str]:

@@ -43,12 +43,43 @@ def test_caption_matches_the_evaluation_of_the_same_images(setup, capstack, tmp_
     test_files = json.loads((prepared / "images_test.json").read_text())
     files = [dataset.parent / e["filepath"] / e["filename"] for e in test_files[:2]]
     out = capstack("caption", "--checkpoint", root / "run", *files, "--beam", 3,
-                   "--attention", tmp_path / "att.png").output.splitlines()
+                   "--attention", tmp_path / "att-{n}.png").output.splitlines()
     expected = {r["image_id"]: r["caption"] for r in results}
     for line, entry in zip(out, test_files[:2]):
         assert line.startswith(str(dataset.parent / entry["filepath"] / entry["filename"]))
         assert line.split(": ", 1)[1].split("  [")[0] == expected[entry["image_id"]]
-    assert (tmp_path / "att_0.png").is_file() and (tmp_path / "att_1.png").is_file()
+    assert sorted(p.name for p in tmp_path.glob("att*.png")) == ["att-1.png", "att-2.png"]
+    assert f"attention -> {tmp_path / 'att-1.png'}" in out[0]
+
+
+def test_attention_names_the_file_it_writes(tmp_path):
+    from trainer.evaluation.caption import attention_files
+
+    one = [tmp_path / "a" / "cat.jpg"]
+    two = one + [tmp_path / "b" / "dog.png"]
+    assert attention_files(tmp_path / "att.png", one) == [tmp_path / "att.png"]
+    assert attention_files(tmp_path / "att-{stem}.png", two) == \
+        [tmp_path / "att-cat.png", tmp_path / "att-dog.png"]
+    assert attention_files(tmp_path / "{n}" / "att.png", two) == \
+        [tmp_path / "1" / "att.png", tmp_path / "2" / "att.png"]
+
+
+def test_attention_for_several_images_without_a_pattern_is_refused_before_any_work(capstack,
+                                                                                   tmp_path):
+    images = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        images.append(tmp_path / folder / "cat.png")
+        images[-1].write_bytes(b"never read")
+    plain = capstack("caption", "--checkpoint", tmp_path / "no-run", *images, "--attention",
+                     tmp_path / "att.png", expect_ok=False)
+    assert plain.exit_code == 1 and f"--attention {tmp_path / 'att.png'}: 2 images need a " \
+        f"picture each: put {{stem}}" in plain.output
+    same = capstack("caption", "--checkpoint", tmp_path / "no-run", *images, "--attention",
+                    tmp_path / "{stem}.png", expect_ok=False)
+    assert f"{images[0]} and {images[1]} would both be drawn to {tmp_path / 'cat.png'}" \
+        in same.output
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_caption_refuses_when_the_weights_changed_or_went(setup, capstack, tmp_path):
@@ -157,9 +188,9 @@ def test_caption_extracts_and_decodes_a_bounded_batch_at_a_time(setup, tmp_path)
     files = sorted((dataset.parent / "images").glob("*.png"))
     files = (files * 3)[:2 * CAPTION_BATCH + 3]
     captions = caption_files(root / "run", files, extractor_for, beam_size=2,
-                             attention=tmp_path / "att.png")
+                             attention=tmp_path / "att_{n}.png")
     assert seen == [CAPTION_BATCH, CAPTION_BATCH, 3]
     assert [c.path for c in captions] == files
-    assert captions[-1].attention == tmp_path / f"att_{len(files) - 1}.png"
+    assert captions[-1].attention == tmp_path / f"att_{len(files)}.png"
     alone = caption_files(root / "run", files[-1:], extractor_for, beam_size=2)
     assert alone[0].words == captions[-1].words

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ def test_grid_records_have_the_expected_shapes(shapes, tmp_path):
     producer = meta["producer"]
     assert (producer["name"], producer["settings"]["backbone"], meta["grid"]) == \
         ("extract-grid", "resnet18", 2)
-    assert meta["fields"] == {"features": {"shape": ["N", 512], "dtype": "float16"}}
+    assert meta["fields"] == {"features": {"shape": ["N", 512], "dtype": "float32"}}  # random
     assert producer["about"]["weights"] == "random" and meta["count"] == 14
     assert "kind" not in meta and "settings" not in meta  # the settings once, in the producer
     record = store.get(0)
@@ -136,7 +137,7 @@ def test_fingerprint_follows_every_setting_and_the_images(shapes, tmp_path, monk
     variants = [SETTINGS, GridSettings("resnet18", "random", 96, 2),
                 GridSettings("resnet18", "random", 64, 3),
                 GridSettings("resnet34", "random", 64, 2),
-                GridSettings("resnet18", "random", 64, 2, dtype="float32"),
+                GridSettings("resnet18", "random", 64, 2, dtype="float16"),
                 GridSettings("resnet18", "random", 64, 2, layer="layer3")]
     fingerprints = [extract(shapes, tmp_path, s).fingerprint for s in variants]
     assert len(set(fingerprints)) == len(variants)
@@ -181,15 +182,33 @@ def test_missing_weights_say_where_to_put_them(shapes, tmp_path, monkeypatch):
         extract(shapes, tmp_path, GridSettings("resnet18", str(tmp_path / "nope.pth"), 64, 2))
 
 
-def test_random_resnet101_overflow_is_refused(shapes, tmp_path):
-    """float16 cannot hold a random deep ResNet's activations: the store refuses them."""
-    try:
-        extract(shapes, tmp_path, GridSettings("resnet101", "random", 448, 2))
-    except CapstackError as e:
-        assert "non-finite feature values" in str(e) and "image 0" in str(e)
-    else:  # the magnitudes happened to fit: then every stored value is finite
-        store = open_store(next(tmp_path.glob("grid-resnet101-*.lmdb")))
-        assert np.isfinite(store.read_batch(store.ids()).features).all()
+def test_random_resnet101_stores_float32_and_float16_says_it_overflows(shapes, tmp_path):
+    """A random ResNet-101's layer4 passes float16's 65504 at 224 px: random weights get a
+    float32 store unless --dtype says otherwise, and float16 is refused, saying why."""
+    settings = GridSettings("resnet101", "random", 224, 2)
+    with pytest.raises(CapstackError, match=r"image 0: non-finite feature values \(largest "
+                                            r"magnitude .* overflows float16\).*--dtype float32"):
+        extract(shapes, tmp_path / "half", replace(settings, dtype="float16"))
+    result = extract(shapes, tmp_path / "default", settings)
+    store = open_store(result.store)
+    assert store.meta["fields"]["features"]["dtype"] == "float32"
+    features = store.read_batch(store.ids()).features
+    assert np.isfinite(features).all() and np.abs(features).max() > 65504
+
+
+def test_weights_from_a_file_keep_float16_and_a_given_dtype_holds(shapes, tmp_path):
+    import torch
+
+    from pipeline.vision.backbones import build_resnet
+
+    torch.manual_seed(0)
+    torch.save(build_resnet("resnet18").state_dict(), tmp_path / "resnet18.pth")
+    trained = replace(SETTINGS, weights=str(tmp_path / "resnet18.pth"))
+    assert open_store(extract(shapes, tmp_path / "a", trained).store).meta["fields"] == \
+        {"features": {"shape": ["N", 512], "dtype": "float16"}}
+    given = replace(SETTINGS, dtype="float16")
+    assert open_store(extract(shapes, tmp_path / "b", given).store).meta["fields"] == \
+        {"features": {"shape": ["N", 512], "dtype": "float16"}}
 
 
 def _extract_cmd(shapes, root, out_log):

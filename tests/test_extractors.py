@@ -55,8 +55,9 @@ DEMO_FINGERPRINTS = {"extract_grid": ("b23f499e0da8c172", DEMO_GRID),
 
 
 def torchvision_defaults(arch: str, feature_dim: int) -> dict:
-    """``extract-regions DATASET ROOT --arch ARCH --weights random`` on the demo's images."""
-    return {"kind": "regions", "backbone": "resnet50", "dtype": "float16",
+    """``extract-regions DATASET ROOT --arch ARCH --weights random`` on the demo's images
+    (random weights: float32 features, which a random network's range needs)."""
+    return {"kind": "regions", "backbone": "resnet50", "dtype": "float32",
             "images": DEMO_GRID["images"], "extractor": "extract-regions", "features_version": 1,
             "arch": arch, "weights_md5": "random-seed-0", "boxes": "detect", "min_size": 600,
             "max_size": 1000, "feature_dim": feature_dim, "weights_kind": "auto",
@@ -64,9 +65,9 @@ def torchvision_defaults(arch: str, feature_dim: int) -> dict:
             "nms_thresh": 0.3}
 
 
-TORCHVISION_DEFAULTS = {"fpn": ("b3bcd13355c66114", torchvision_defaults("fpn", 1024)),
-                        "c4": ("2783ad980df37768", torchvision_defaults("c4", 2048)),
-                        "c5": ("c3bc2a8a2823108b", torchvision_defaults("c5", 2048))}
+TORCHVISION_DEFAULTS = {"fpn": ("d317b0a4ad6c4def", torchvision_defaults("fpn", 1024)),
+                        "c4": ("b5caaf08cd594de6", torchvision_defaults("c4", 2048)),
+                        "c5": ("e74f3a23379bc411", torchvision_defaults("c5", 2048))}
 
 
 def demo_argv(stage: str) -> list[str]:
@@ -336,13 +337,14 @@ def test_first_format_stores_fill_their_kinds_settings():
     grid = open_store(v1 / "grid.lmdb").meta["producer"]
     assert maker_of(grid) is EXTRACTORS.get("grid")
     assert EXTRACTORS.get("grid").recorded(grid["settings"], "random") == GridSettings(
-        backbone="resnet10", weights="random", image_size=64, grid=2, layer="layer4")
+        backbone="resnet10", weights="random", image_size=64, grid=2, layer="layer4",
+        dtype="float16")
     image_extractor({"producer": grid}, "grid.lmdb", torch.device("cpu"))  # rebuilds
     regions = open_store(v1 / "regions.lmdb").meta["producer"]
     assert maker_of(regions) is EXTRACTORS.get("c4")
     assert EXTRACTORS.get("c4").recorded(regions["settings"], "random") == \
         TorchvisionRegionSettings(arch="c4", backbone="resnet10", weights="random",
                                   weights_kind="backbone", boxes="given", min_size=64,
-                                  max_size=64, num_classes=2)
+                                  max_size=64, num_classes=2, dtype="float16")
     with pytest.raises(CapstackError, match="regions.lmdb: its regions are the dataset's own"):
         image_extractor({"producer": regions}, "regions.lmdb", torch.device("cpu"))

@@ -70,12 +70,37 @@ def test_second_stages_file_reuses_the_store_and_stores_lists_it(tmp_path):
     assert info["sample_record"] == {"features": [4, 512]}
     shown = CliRunner().invoke(cli.main, ["inspect", str(experiments[1] / "features/grid.json")])
     lines = [line.strip() for line in shown.output.splitlines()]
-    assert "features         ['N', 512] float16" in lines
+    assert "features         ['N', 512] float32" in lines  # random weights: float32
     assert "producer           extract-grid" in lines and "backbone         resnet18" in lines
 
     verified = CliRunner().invoke(cli.main, ["verify", pointers[0]["store"], "--dataset",
                                              str(data / "dataset_shapes.json")])
     assert verified.exit_code == 0 and "all 8 images" in verified.output
+    recorded = CliRunner().invoke(cli.main, ["verify", str(experiments[1] / "features/grid.json")])
+    assert recorded.exit_code == 0, recorded.output
+    assert f"all 8 images of {(data / 'dataset_shapes.json').resolve()} present" in recorded.output
+
+
+def test_verify_without_dataset_reads_the_one_the_store_records(tmp_path):
+    from pipeline.demo.shapes import write_shapes_dataset
+    from pipeline.features.extract.kinds.grid import GridSettings, extract_grid
+
+    data = tmp_path / "shapes"
+    write_shapes_dataset(data, n_train=3, n_val=0, n_test=0, seed=0, size=64)
+    result = extract_grid(data / "dataset_shapes.json", data,
+                          GridSettings("resnet18", "random", 64, 1), root=tmp_path / "f",
+                          workers=0, progress=False)
+    out = CliRunner().invoke(cli.main, ["verify", str(result.store)])
+    assert out.exit_code == 0, out.output
+    assert "all 3 images of" in out.output
+    (data / "dataset_shapes.json").rename(tmp_path / "moved.json")
+    gone = CliRunner().invoke(cli.main, ["verify", str(result.store)])
+    assert gone.exit_code == 1
+    assert f"{result.store}: the dataset it was made from, " \
+        f"{(data / 'dataset_shapes.json').resolve()}, is not there: pass --dataset" in gone.output
+    moved = CliRunner().invoke(cli.main, ["verify", str(result.store), "--dataset",
+                                          str(tmp_path / "moved.json")])
+    assert moved.exit_code == 0 and "all 3 images of" in moved.output
 
 
 def test_verify_names_the_first_missing_image(tmp_path):

@@ -12,6 +12,8 @@ from PIL import Image
 from pipeline.core.errors import CapstackError
 from trainer.evaluation.figures import (attention_figure, curves_figure, on_one_axis,
                                         training_curves, upsampled_attention)
+from trainer.evaluation.figures.attention import (BOXES_DRAWN, attention_drawing, drawn_boxes,
+                                                  stages_figure)
 
 H, W, K = 48, 64, 4
 
@@ -115,6 +117,75 @@ def test_overwrites_existing_output(tmp_path):
     _png_size(out)
 
 
+def _panels(fig):
+    """The image panels of an attention figure (its colour bar apart)."""
+    return [ax for ax in fig.axes if ax.get_images()]
+
+
+def _colour_bars(fig):
+    return [ax for ax in fig.axes if not ax.get_images() and ax.get_ylabel()]
+
+
+def test_grid_panels_title_the_word_and_its_weight_under_one_colour_bar(tmp_path):
+    alphas = np.full((2, K * K), 0.5 / (K * K - 1))
+    alphas[0, 5], alphas[1, 9] = 0.5, 0.5
+    fig = attention_drawing(_image(), ["red", "circle"], alphas, tmp_path / "att.png", grid=K)
+    panels = _panels(fig)
+    assert [ax.get_title() for ax in panels] == ["", "red 0.50", "circle 0.50"]
+    [bar] = _colour_bars(fig)
+    assert "weight of a grid cell" in bar.get_ylabel()
+    assert bar.get_ylim() == pytest.approx((0.0, 0.5))  # 0 to the figure's largest weight
+
+
+def test_grid_heat_map_is_clear_where_the_word_did_not_look(tmp_path):
+    alphas = np.zeros((1, K * K))
+    alphas[0, 0] = 1.0  # all of it on the top-left cell
+    fig = attention_drawing(_image(), ["star"], alphas, tmp_path / "att.png", grid=K)
+    image, heat = _panels(fig)[1].get_images()
+    overlay = heat.get_array()
+    assert overlay.shape == (H, W, 4)
+    assert overlay[0, 0, 3] == pytest.approx(0.8)  # the strongest cell: the scale's top
+    assert overlay[-1, -1, 3] < 0.01  # far from it the image shows through
+
+
+def test_evenly_spread_attention_is_a_faint_wash_not_a_hot_frame(tmp_path):
+    """An even spread (what a weak model gives on a real photo) must not paint the frame."""
+    even = np.full((2, K * K), 1 / (K * K))
+    fig = attention_drawing(_image(), ["a", "b"], even, tmp_path / "att.png", grid=K)
+    overlay = _panels(fig)[1].get_images()[1].get_array()
+    assert overlay[..., 3].max() <= 0.8 / 4 + 1e-6  # a quarter of the way up the scale
+
+
+def test_regions_are_outlined_by_weight_never_filled(tmp_path):
+    boxes = np.array([[0, 0, 20, 20], [10, 5, 60, 40], [30, 30, 63, 47]], dtype=np.float32)
+    alphas = np.array([[0.1, 0.6, 0.3, 0.0, 0.0], [0.2, 0.2, 0.6, 0.0, 0.0]])
+    fig = attention_drawing(_image(), ["a", "dog"], alphas, tmp_path / "box.png", boxes=boxes)
+    panels = _panels(fig)
+    assert [ax.get_title() for ax in panels] == ["", "a 0.60", "dog 0.60"]
+    assert "weight of a region" in _colour_bars(fig)[0].get_ylabel()
+    outlines = panels[1].patches
+    assert outlines and not any(p.get_fill() for p in outlines)
+    assert [p.get_xy() for p in outlines] == [(0, 0), (30, 30), (10, 5)]  # lightest first
+    widths = [p.get_linewidth() for p in outlines]
+    assert widths[0] < widths[1] < widths[2]  # the heavier, the thicker
+
+
+def test_a_panel_outlines_only_the_heaviest_regions():
+    weights = np.full(36, 0.001)
+    weights[:12] = np.linspace(0.2, 0.03, 12)
+    kept = drawn_boxes(weights, 36)
+    assert len(kept) == BOXES_DRAWN and kept[-1] == 0  # the heaviest drawn last, on top
+    assert len(drawn_boxes(np.full(100, 0.01), 100)) == 1  # none carries 2%: the heaviest alone
+
+
+def test_stack_cap_stages_share_one_colour_bar(tmp_path):
+    alphas = _alphas(2, K * K)
+    out = stages_figure(_image(), [("coarse", ["a", "dog"], None), ("fine 1", ["a", "dog"], alphas),
+                                   ("fine 2", ["a", "dog"], alphas)], tmp_path / "stages.png",
+                        grid=K)
+    _png_size(out)
+
+
 @pytest.mark.parametrize(
     "kwargs, alphas, match",
     [
@@ -198,6 +269,19 @@ def test_curves_without_discriminator_rounds_are_unchanged(tmp_path):
     assert len(curves_figure(plain, before=plain).axes) == 3  # the RL loss's own scale
 
 
+def test_curves_count_epochs_and_scale_cider_as_the_printed_lines(tmp_path):
+    """`epoch 1/3 ... val CIDEr 50.0`: the first epoch at 1, CIDEr x100; an RL run's start
+    (epoch -1) at the XE run's last epoch."""
+    val = [{"kind": "val", "epoch": e, "cider": 0.5 + 0.1 * e} for e in range(3)]
+    plain = _write_jsonl(tmp_path / "plain.jsonl", _train_records() + val)
+    xs, ys = next(iter(_lines(curves_figure(plain).axes[1]).values()))
+    assert (xs, ys) == ([1, 2, 3], [pytest.approx(50), pytest.approx(60), pytest.approx(70)])
+    rl = _write_jsonl(tmp_path / "rl.jsonl", _train_records(20) + [
+        {"kind": "val", "epoch": -1, "cider": 0.7}, {"kind": "val", "epoch": 0, "cider": 0.8}])
+    lines = _lines(curves_figure(rl, before=plain).axes[1])
+    assert lines["XE"][0] == [1, 2, 3] and lines["RL"][0] == [3, 4]
+
+
 def test_discriminator_rounds_add_a_panel_on_the_step_axis(tmp_path):
     val = [{"kind": "val", "epoch": e, "cider": 0.5 + 0.1 * e} for e in range(3)]
     rounds = _rounds([1, 1], "pretrain") + _rounds([20, 40], first_round=3)
@@ -212,7 +296,7 @@ def test_discriminator_rounds_add_a_panel_on_the_step_axis(tmp_path):
     assert lines["D held-out accuracy"] == ([20, 40], [pytest.approx(0.7), pytest.approx(0.5)])
     assert lines["chance"][1] == [0.5, 0.5] and d_ax.get_lines()[-1].get_linestyle() == "--"
     # each validation at the last logged step of its epoch (_train_records: 20 steps an epoch)
-    assert _lines(cider_by_step)["validation CIDEr"] == ([19, 39, 59], [0.5, 0.6, 0.7])
+    assert _lines(cider_by_step)["validation CIDEr"] == ([19, 39, 59], [50, 60, 70])
     assert {t.get_text() for t in d_ax.get_legend().get_texts()} == {
         "D held-out accuracy (pre-training)", "D held-out accuracy", "chance", "validation CIDEr"}
     assert _png_size(training_curves(metrics, tmp_path / "curves.png")) == (1500, 400)
@@ -305,10 +389,11 @@ def test_attention_is_drawn_on_the_image_as_the_extractor_saw_it(tmp_path, monke
     attention_figure(str(path), ["a"], _alphas(1, 2), tmp_path / "box.png", boxes=boxes)
     stages_figure(path, [("coarse", ["a"], None), ("fine 1", ["a"], _alphas(1, K * K))],
                   tmp_path / "stages.png", grid=K)
-    images = [a for a in drawn if a.ndim == 3]
+    images = [a for a in drawn if a.shape[-1] == 3]
     assert len(images) == 3 + 2 + 3
     assert all(np.array_equal(a, extracted) for a in images)
-    assert all(a.shape == (W, H) for a in drawn if a.ndim == 2)  # heat maps over the rotated image
+    heat_maps = [a for a in drawn if a.shape[-1] == 4]  # RGBA, over the rotated image
+    assert len(heat_maps) == 2 + 1 and all(a.shape == (W, H, 4) for a in heat_maps)
 
     (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
     with pytest.raises(CapstackError, match="broken.jpg: cannot draw attention on it: "):

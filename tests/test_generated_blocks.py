@@ -83,6 +83,7 @@ def test_the_transcript_keeps_what_each_stage_did_as_a_fresh_clone_shows_it(figu
     assert "-> ~/.cache/capstack/features/grid-resnet10-b23f.lmdb" in block
     assert "-> evals/x/metrics.json" in block and str(tmp_path) not in block
     assert figures.time_block(run).startswith("1m05s for `capstack demo`")
+    assert figures.time_block(run).count("\n") == 1  # one line: the whole time, the longest stages
 
 
 def test_check_passes_on_the_same_run_times_apart_and_names_a_changed_block(figures, tmp_path,

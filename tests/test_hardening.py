@@ -339,7 +339,7 @@ def test_a_full_disk_names_the_store_keeps_its_records_and_the_rerun_resumes(dat
     disk = small_disk("disk", "160k")
     args = ("extract-grid", root / "shapes" / "dataset_shapes.json", root / "shapes",
             "--backbone", "resnet18", "--weights", "random", "--image-size", "64", "--grid", "4",
-            "--workers", "0", "--batch", "2", "--features-root", disk)
+            "--dtype", "float16", "--workers", "0", "--batch", "2", "--features-root", disk)
     full = capstack(*args, cwd=tmp_path)
     assert full.returncode == 1, full.stderr
     partial = next(disk.glob("grid-*.lmdb.partial"))

@@ -293,3 +293,27 @@ def test_the_backbone_is_torchvisions_imagenet1k_v1_resnet101(stages_file):
     """The papers predate torchvision's V2 weights (2021): their ResNet-101 is V1's."""
     params = yaml.safe_load((ROOT / "configs" / stages_file).read_text())["params"]
     assert params["backbone_weights"].endswith("resnet101-63fe2227.pth")
+
+
+@pytest.mark.parametrize("stages_file", ["coco.yaml", "flickr8k.yaml", "flickr30k.yaml",
+                                         "../stages.yaml"])
+def test_feature_stores_go_where_capstack_features_says(stages_file, monkeypatch, tmp_path):
+    """No stage names a features root: $CAPSTACK_FEATURES (documented) places the stores."""
+    import click
+
+    import cli
+    from pipeline.engine.stagefile import load_stages_file
+    from pipeline.features.placement import features_root
+
+    stages = load_stages_file(ROOT / "configs" / stages_file, cli.stage_commands(), [])
+    commands = {name: cli.main.commands.get(stages.stage(name).command or "")
+                for name in stages.order}
+    storing = {name: command for name, command in commands.items()
+               if command and any(p.name == "features_root" for p in command.params)}
+    assert storing
+    monkeypatch.setenv("CAPSTACK_FEATURES", str(tmp_path))
+    for name, command in storing.items():
+        with click.Context(command) as ctx:
+            command.parse_args(ctx, list(stages.stage(name).argv[1:]))
+        assert ctx.params["features_root"] is None, name
+        assert features_root(ctx.params["features_root"]) == tmp_path

@@ -38,7 +38,7 @@ def test_given_boxes_are_stored_with_one_feature_each(shapes, tmp_path):
     assert result.store.name.startswith("regions-resnet18-") and result.extracted == 8
     store = open_store(result.store)
     meta = store.meta
-    assert meta["fields"] == {"features": {"shape": ["N", 512], "dtype": "float16"},
+    assert meta["fields"] == {"features": {"shape": ["N", 512], "dtype": "float32"},
                               "boxes": {"shape": ["N", 4], "dtype": "float32"},
                               "scores": {"shape": ["N"], "dtype": "float32"},
                               "classes": {"shape": ["N"], "dtype": "int32"}}
@@ -47,7 +47,7 @@ def test_given_boxes_are_stored_with_one_feature_each(shapes, tmp_path):
     assert "layer4" in meta["producer"]["about"]["layer"] and "grid" not in meta
     for image_id, boxes in given_boxes(shapes[1]).items():
         record = store.get(image_id)
-        assert record.features.shape == (len(boxes), 512) and record.features.dtype == np.float16
+        assert record.features.shape == (len(boxes), 512) and record.features.dtype == np.float32
         np.testing.assert_allclose(record["boxes"], boxes)
         assert (record.height, record.width) == (64, 64)
         assert record["scores"].shape == record["classes"].shape == (len(boxes),)

@@ -62,6 +62,28 @@ def test_fresh_project_never_run_then_demo_runs_everything_once(project):
     assert "0 stage(s) ran" in again
 
 
+def test_stages_marks_what_the_demo_runs_and_counts_it_apart(project):
+    (project.workdir / "stages.yaml").write_text("demo: [shapes]\n" + STAGES)
+    project.stage_cmd("demo")
+    lines = project.stage_cmd("stages").output.splitlines()
+    assert lines == ["shapes   demo  up to date", "prepare        never run",
+                     "demo (`capstack demo`: shapes and what it needs): 1 stage, 1 up to date; "
+                     "the other 1: 1 never run"]
+    listing = project.statuses()
+    assert (listing["shapes"]["demo"], listing["prepare"]["demo"]) == (True, False)
+
+
+def test_the_real_demo_stages_are_marked(capstack):
+    root = Path(__file__).resolve().parents[1]
+    lines = capstack("stages", "-c", root / "stages.yaml", "--workdir",
+                     capstack.workdir).output.splitlines()
+    marked = [line.split()[0] for line in lines if line.split()[1:2] == ["demo"]]
+    assert marked[0] == "shapes" and marked[-1] == "report" and "rl@top_down" in marked
+    assert "tables" not in marked and "train@hacap" not in marked
+    assert lines[-1].startswith(f"demo (`capstack demo`: report and what it needs): "
+                                f"{len(marked)} stages, {len(marked)} never run; the other ")
+
+
 def test_param_change_makes_stage_stale_with_reason(project):
     project.stage_cmd("demo")
     stages = project.workdir / "stages.yaml"
@@ -143,6 +165,52 @@ def test_run_refuses_when_upstream_never_ran(project):
     result = project.stage_cmd("run", "prepare", expect_ok=False)
     assert "needs stage 'shapes', which is never run" in result.output
     assert not (project.workdir / "data").exists()
+
+
+def test_the_hint_to_run_a_stage_names_the_stages_file_and_workdir(project, monkeypatch):
+    workdir = project.workdir
+    result = project.stage_cmd("run", "prepare", expect_ok=False)
+    assert (f"run `capstack run shapes -c {workdir / 'stages.yaml'} --workdir {workdir}` "
+            f"first, or add --with-deps") in result.output
+    (workdir / "configs").mkdir()
+    (workdir / "stages.yaml").rename(workdir / "configs" / "coco.yaml")
+    monkeypatch.chdir(workdir)
+    result = project("run", "prepare", "-c", "configs/coco.yaml", expect_ok=False)
+    assert "run `capstack run shapes -c configs/coco.yaml` first" in result.output
+    result = project("run", "prepare", "-c", "configs/coco.yaml", "--name", "mc3", "--set",
+                     "min_count=3", expect_ok=False)
+    assert "run `capstack run shapes -c configs/coco.yaml --name mc3` first" in result.output
+
+
+WEIGHTS_STAGE = """
+stages:
+  shapes:
+    cmd: capstack shapes data/shapes --train 2 --val 0 --test 0 --size 32
+    outs: [data/shapes]
+  extract_grid:
+    cmd: capstack extract-grid data/shapes/dataset_shapes.json data/shapes --backbone resnet101 \
+--weights ${weights} --image-size 32 --grid 1 --workers 0 --pointer grid.json
+    params: {weights: weights/resnet101.pth}
+    deps: [data/shapes/dataset_shapes.json, "${weights}"]
+    outs: [grid.json]
+"""
+
+
+def test_a_missing_input_file_gets_the_commands_own_message(tmp_path):
+    """Weights no stage makes: the command runs and names them and where they come from,
+    not the engine's bare 'dep ... does not exist'."""
+    (tmp_path / "stages.yaml").write_text(WEIGHTS_STAGE)
+    cli = Path(__file__).resolve().parents[1] / "cli.py"
+    run = [sys.executable, str(cli), "run", "extract_grid", "--with-deps"]
+    result = subprocess.run(run, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert ("weights/resnet101.pth: backbone weights not found. resnet101's ImageNet weights are "
+            "torchvision's state_dicts (IMAGENET1K_V1 https://download.pytorch.org/models/"
+            "resnet101-63fe2227.pth") in result.stderr
+    assert ("stage 'extract_grid' failed: `capstack extract-grid" in result.stderr
+            and "(its dep weights/resnet101.pth does not exist); nothing was recorded"
+            in result.stderr)
+    assert not (tmp_path / "grid.json").exists()
 
 
 def test_set_runs_the_stage_as_an_experiment_beside_the_baseline(project):

@@ -251,7 +251,7 @@ def test_evaluate_and_report_through_the_cli(data, tmp_path, capstack):
         capstack("train", path, "--out", tmp_path / decoder)
         result = capstack("evaluate", tmp_path / decoder, "--beam", 2, "--figures", 2)
         assert "CIDEr" in result.output and "SPICE" in result.output
-        runs[decoder] = tmp_path / decoder / "eval"
+        runs[decoder] = tmp_path / "evals" / decoder  # evals/NAME beside the run
     metrics = json.loads((runs["soft_attention"] / "metrics.json").read_text())
     assert metrics["approach"] == "soft_attention" and metrics["metrics"]["SPICE"] is None
     assert "SPICE" in metrics["unavailable"] and metrics["beam_size"] == 2

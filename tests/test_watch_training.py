@@ -19,14 +19,13 @@ from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
 from pipeline.core.runlock import exclusive_beside
 from trainer.config import load_experiment
-from trainer.evaluation.evaluate import evaluate_checkpoint
-from trainer.runs import list_runs
+from trainer.runs import evaluation_folder, list_runs
 from trainer.train import Run, train
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
 ROOT = Path(__file__).resolve().parents[1]
-EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)  loss (\d+\.\d{3})  val CIDEr (\d+\.\d{3})  "
-                        r"best (\d+\.\d{3}) \((epoch \d+|start)\)  (\d+\.\d) s")
+EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)  loss (\d+\.\d{3})  val CIDEr (\d+\.\d)  "
+                        r"best (\d+\.\d) \((epoch \d+|start)\)  (\d+\.\d) s")
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +78,10 @@ def test_train_prints_a_line_per_epoch_then_the_summary_as_before(data, tmp_path
     for k, m in enumerate(epochs):
         assert m.group(1, 2) == (str(k + 1), "2")
         mean = sum(s["loss"] for s in steps if s["epoch"] == k) / 3  # 3 batches an epoch
-        assert m.group(3) == f"{mean:.3f}" and m.group(4) == f"{vals[k]['cider']:.3f}"
+        # CIDEr x100, the report's scale: the log keeps 0.512, the line says 51.2
+        assert m.group(3) == f"{mean:.3f}" and m.group(4) == f"{100 * vals[k]['cider']:.1f}"
     best = max(range(2), key=lambda k: (vals[k]["cider"], -k))
-    assert epochs[1].group(5, 6) == (f"{vals[best]['cider']:.3f}", f"epoch {best + 1}")
+    assert epochs[1].group(5, 6) == (f"{100 * vals[best]['cider']:.1f}", f"epoch {best + 1}")
     assert re.fullmatch(rf"train st: 2 epochs, 6 steps; best val CIDEr {epochs[1].group(5)} "
                         rf"\(greedy\) at epoch {best + 1} -> {re.escape(str(tmp_path))}/runs/st/"
                         r"best\.pt", lines[-1]), lines[-1]
@@ -107,6 +107,19 @@ def test_a_resumed_epoch_reports_the_mean_loss_of_all_its_steps(data, tmp_path, 
 
 # -- capstack runs ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("run, evals", [
+    ("runs/top_down", "evals/top_down"),  # the stages' evaluate@top_down writes there too
+    ("coco/runs/stack_cap/show_tell", "coco/evals/stack_cap/show_tell"),
+    ("exps/mc3/runs/top_down", "exps/mc3/evals/top_down"),
+    ("elsewhere/my-run", "elsewhere/evals/my-run"),
+])
+def test_evaluate_writes_where_the_stages_do(run, evals, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / run).mkdir(parents=True)
+    (tmp_path / run / "best.pt").touch()
+    assert evaluation_folder(Path(run)) == evaluation_folder(Path(run) / "best.pt") == Path(evals)
+
+
 def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monkeypatch):
     work = tmp_path / "work"
     runs = work / "runs"
@@ -121,8 +134,12 @@ def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monk
     train(load_experiment(exp), runs / "a-finished", progress=False)
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no java: no METEOR's 20 s
-    metrics = evaluate_checkpoint(runs / "a-finished", work / "evals" / "a-finished",
-                                  figures=0, spice=False)
+    monkeypatch.chdir(work)  # evaluate's default out: evals/NAME, as the stages write it
+    evaluated = capstack("evaluate", "runs/a-finished", "--figures", 0)
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "-> evals/a-finished/metrics.json" in evaluated.output
+    assert not (runs / "a-finished" / "eval").exists()
+    metrics = json.loads((work / "evals" / "a-finished" / "metrics.json").read_text())
     train(load_experiment(exp), runs / "b-running", progress=False, on_epoch=look)
     train(load_experiment(exp), runs / "c-killed", progress=False)
     (runs / "c-killed" / "state.json").write_text(snapshot["state"])  # what a SIGKILL leaves
@@ -148,8 +165,10 @@ def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monk
     assert (finished["decoder"], finished["objective"], finished["state"]) == \
         ("show_tell", "xe", "finished")
     assert (finished["epochs_done"], finished["epochs"]) == (2, 2)
+    state = json.loads((runs / "a-finished" / "state.json").read_text())
     assert (finished["best_cider"], finished["best_epoch"]) == \
-        (summary["best_cider"], summary["best_epoch"] + 1)
+        (summary["best_cider"], summary["best_epoch"]) == \
+        (state["best_cider"], state["best_epoch"])  # one count of epochs: the third is 3
     assert finished["test_cider"] == metrics["metrics"]["CIDEr"] and finished["notes"] == []
     assert rows["b-running"]["state"] == "finished"  # it has finished since
     assert rows["c-killed"]["state"] == "stopped" and rows["c-killed"]["epochs_done"] == 1
@@ -168,9 +187,10 @@ def test_runs_lists_every_state_the_best_and_the_test_score(data, tmp_path, monk
     assert table[0].split() == ["name", "decoder", "objective", "epochs", "state", "best", "val",
                                 "CIDEr", "test", "CIDEr"]
     assert re.fullmatch(rf"a-finished +show_tell +xe +2/2 +finished +"
-                        rf"{finished['best_cider']:.3f} \(epoch {finished['best_epoch']}\) +"
-                        rf"{finished['test_cider']:.3f}", table[1]), table[1]
-    assert re.fullmatch(r"d-failed +show_tell +xe +1/2 +failed +\d\.\d{3} \(epoch 1\) +-",
+                        rf"{100 * finished['best_cider']:.1f} \(epoch {finished['best_epoch']}\)"
+                        rf" +{100 * finished['test_cider']:.1f}", table[1]), table[1]
+    assert f"  {100 * metrics['metrics']['CIDEr']:.1f}" in evaluated.output  # as evaluate says
+    assert re.fullmatch(r"d-failed +show_tell +xe +1/2 +failed +\d+\.\d \(epoch 1\) +-",
                         table[table.index(next(t for t in table if t.startswith("d-failed")))])
     assert "    failed: features: image 7 unreadable" in table
     assert "    stopped: stopped by SIGTERM" in table

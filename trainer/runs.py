@@ -31,6 +31,7 @@ from pipeline.core.runlock import lock_beside
 STATE_FILE = "state.json"
 MARKER = "capstack-run"  # state.json's "capstack" value: what makes a folder a run
 STATES = ("running", "finished", "failed", "stopped")
+RUNS, EVALS = "runs", "evals"  # a workdir's run folders, and their evaluations (same names)
 
 
 class Stopped(BaseException):
@@ -218,7 +219,9 @@ def read_state(path: Path, row: RunRow) -> None:
 
 def read_older_run(folder: Path, row: RunRow) -> None:
     """A run trained before runs kept ``state.json``: its ``summary.json`` (written when it
-    finished) or the validations of its ``metrics.jsonl``."""
+    finished; those capstacks counted its ``best_epoch`` from 0, -1 the start, where
+    ``summary.json`` now counts as ``state.json`` does) or the validations of its
+    ``metrics.jsonl``."""
     summary_path = folder / "summary.json"
     if summary_path.exists():
         summary = read_json_for(summary_path, row, "run summary")
@@ -268,10 +271,26 @@ def validations(path: Path, row: RunRow) -> list[tuple[int, float]]:
     return found
 
 
+def evaluation_folder(target: Path) -> Path:
+    """Where ``capstack evaluate RUN`` writes unless ``--out`` says: ``evals/NAME`` beside the
+    ``runs/`` folder that holds the run, as the stages write it (``runs/top_down`` ->
+    ``evals/top_down``, ``coco/runs/stack_cap/show_tell`` -> ``coco/evals/stack_cap/show_tell``);
+    a run in no ``runs/`` folder gets ``evals/NAME`` beside it. ``target`` is a run folder or a
+    checkpoint in one."""
+    run = target.parent if target.is_file() else target
+    if not run.name:
+        run = run.resolve()
+    parents = run.parts[:-1]
+    if RUNS not in parents:
+        return run.parent / EVALS / run.name
+    at = len(parents) - 1 - parents[::-1].index(RUNS)  # the runs/ folder nearest the run
+    return Path(*run.parts[:at], EVALS, *run.parts[at + 1:])
+
+
 def read_test_cider(folder: Path, workdir: Path, row: RunRow) -> None:
-    """The CIDEr of ``capstack evaluate``: ``evals/<name>/`` beside ``runs/`` (the stages'
-    place), else ``<run>/eval/`` (evaluate's default)."""
-    path = next((p for p in (workdir / "evals" / folder.name / "metrics.json",
+    """The CIDEr of ``capstack evaluate``: ``evals/<name>/`` beside ``runs/`` (the stages' place
+    and evaluate's), else ``<run>/eval/`` (where evaluate wrote by default before)."""
+    path = next((p for p in (evaluation_folder(folder) / "metrics.json",
                              folder / "eval" / "metrics.json") if p.exists()), None)
     if path is None:
         return

@@ -188,7 +188,7 @@ def train_epochs(run: Run, resumed_at: tuple[int, int] | None, progress: bool,
         run.run_epoch(progress)
         report = run.end_epoch(epoch_started)
         record.update(**run.standing())
-        log.info("%s epoch %d: val CIDEr %.3f", config.name, run.epoch, report.val_cider)
+        log.info("%s epoch %d: val CIDEr %.1f", config.name, run.epoch, 100 * report.val_cider)
         if on_epoch is not None:
             on_epoch(report)
     if not (out_dir / "best.pt").is_file():
@@ -200,6 +200,7 @@ def train_epochs(run: Run, resumed_at: tuple[int, int] | None, progress: bool,
                          run.epoch < config.train.epochs)
     if not ranks.main:
         return result
-    write_json(out_dir / "summary.json",
-               {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()})
+    summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
+    summary["best_epoch"] = result.best_epoch + 1  # as state.json and the printed lines count
+    write_json(out_dir / "summary.json", summary)
     return result

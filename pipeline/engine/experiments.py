@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -247,6 +248,13 @@ class ExperimentPipeline(Pipeline):
 
     def _stage_environment(self) -> dict[str, str]:
         return {"CAPSTACK_EXPERIMENT": self.experiment.group}
+
+    def run_hint(self, name: str) -> str:
+        """The baseline's command for stage ``name``, under this experiment's name."""
+        root = self.baseline
+        while isinstance(root, ExperimentPipeline):
+            root = root.baseline
+        return f"{root.run_hint(name)} --name {shlex.quote(self.experiment.name)}"
 
 
 # -- the experiment's view of the workdir ---------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import time
@@ -73,6 +74,18 @@ class StageStatus:
 
     def describe(self) -> str:
         return f"{self.state}: {'; '.join(self.reasons)}" if self.reasons else self.state
+
+
+def _as_typed(path: Path, here: Path) -> str:
+    """``path`` as a user in ``here`` types it: relative when inside, else absolute."""
+    path = path.resolve()
+    return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether one of two workdir-relative paths holds the other (or they are the same)."""
+    a, b = os.path.normpath(a) + os.sep, os.path.normpath(b) + os.sep
+    return a.startswith(b) or b.startswith(a)
 
 
 def _is_lock_records(stages) -> TypeGuard[dict]:
@@ -282,6 +295,14 @@ class Pipeline:
             result[name] = st
         return result
 
+    def demo_stages(self) -> list[str]:
+        """What ``capstack demo`` runs, in run order: the file's ``demo:`` stages and every stage
+        they need; every stage when the file names none."""
+        if not self.file.demo:
+            return list(self.file.order)
+        needed = set(self.file.demo).union(*(self.upstream_closure(t) for t in self.file.demo))
+        return [s for s in self.file.order if s in needed]
+
     def upstream_closure(self, name: str) -> list[str]:
         """Stages ``name`` depends on, directly or not, in run order."""
         needed: set[str] = set()
@@ -310,13 +331,30 @@ class Pipeline:
                 u = behind[0]
                 raise CapstackError(
                     f"stage '{name}' needs stage '{u}', which is {states[u].describe()}; "
-                    f"run `capstack run {u}` first, or add --with-deps"
+                    f"run `{self.run_hint(u)}` first, or add --with-deps"
                 )
             upstream = behind
         ran = [u for u in upstream if self._run_one(self.file.stage(u), False, report)]
         if self._run_one(stage, force, report):
             ran.append(name)
         return ran
+
+    def run_hint(self, name: str) -> str:
+        """The command that runs stage ``name`` from the current folder, with ``-c`` and
+        ``--workdir`` where they are not the defaults (``capstack run extract_grid -c
+        configs/coco.yaml``): what a message tells the user to type."""
+        here = Path.cwd().resolve()
+        words = ["capstack", "run", name]
+        if self.file.path.resolve() != here / "stages.yaml":
+            words += ["-c", _as_typed(self.file.path, here)]
+        if self.workdir != here:
+            words += ["--workdir", _as_typed(self.workdir, here)]
+        return shlex.join(words)
+
+    def makers_of(self, path: str) -> list[str]:
+        """The stages of this file whose outs hold ``path`` (or lie inside it)."""
+        return [name for name in self.file.order
+                if any(_overlaps(path, out) for out in self.file.stage(name).outs)]
 
     def run_all(self, report: Callable[[str], None] = lambda m: None) -> list[str]:
         """Every stage in order, each skipped when up to date."""
@@ -352,16 +390,30 @@ class Pipeline:
                 f"workdir {self.workdir}; outs are written inside it unless you pass "
                 f"--outs-outside-workdir")
 
+    def _missing_deps(self, stage: Stage, deps: Mapping[str, dict | None]) -> list[str]:
+        """The stage's deps that do not exist. One that a stage of the file makes is refused
+        with the command that makes it. One that no stage makes is an input the user provides
+        (weights, a dataset): a capstack command still runs, since its own check names the
+        file and where it comes from, which the engine cannot; another program's is refused."""
+        missing = [p for p, d in deps.items() if d is None]
+        for dep in missing:
+            makers = self.makers_of(dep)
+            if makers:
+                raise CapstackError(f"stage '{stage.name}': dep {dep} does not exist (in "
+                                    f"{self.workdir}); stage '{makers[0]}' makes it: run "
+                                    f"`{self.run_hint(makers[0])}` first, or add --with-deps")
+        if missing and not stage.command:
+            raise CapstackError(f"stage '{stage.name}': dep {missing[0]} does not exist (in "
+                                f"{self.workdir}), and no stage of {self.file.path} makes it")
+        return missing
+
     def _execute(self, stage: Stage, lock: int) -> None:
         """Run the stage's command through a keeper (keeper.py) holding the stage's ``lock``:
         the command's processes end with this one, stopped or killed, and the lock holds
         until they have."""
         self._check_outs_inside(stage)
         deps = self._digests(self._deps(stage))
-        missing = [p for p, d in deps.items() if d is None]
-        if missing:
-            raise CapstackError(f"stage '{stage.name}': dep {missing[0]} does not exist "
-                                f"(in {self.workdir})")
+        missing = self._missing_deps(stage, deps)
         code = self._code_digest(stage)
         env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}",
                **self._stage_environment()}
@@ -379,9 +431,14 @@ class Pipeline:
         except OSError as e:  # found, but not something this machine can start
             raise CapstackError(f"{self.file.path}: stages.{stage.name}.cmd: cannot run program "
                                 f"'{stage.program}': {e.strerror or e}") from None
+        lacking = f" (its dep {missing[0]} does not exist)" if missing else ""
         if rc != 0:
             raise CapstackError(f"stage '{stage.name}' failed: `{stage.cmd}` "
-                                f"{self._how_it_ended(stage, rc)}; nothing was recorded")
+                                f"{self._how_it_ended(stage, rc)}{lacking}; nothing was recorded")
+        if missing:
+            raise CapstackError(f"stage '{stage.name}': `{stage.cmd}` succeeded, but its dep "
+                                f"{missing[0]} does not exist (in {self.workdir}), and no stage "
+                                f"of {self.file.path} makes it; nothing was recorded")
         outs = self._digests(stage.outs)
         absent = [p for p, d in outs.items() if d is None]
         if absent:

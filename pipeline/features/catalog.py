@@ -13,10 +13,14 @@ from pipeline.features.stores import open_store
 from pipeline.features.stores.schema import finite
 
 
-def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
+def verify_store(store_path: str | Path, dataset_json: str | Path | None = None) -> dict:
     """Raise naming the first dataset image the store lacks; images skipped at
-    extraction (unreadable files) are counted, not fatal."""
+    extraction (unreadable files) are counted, not fatal. The dataset is the one the store
+    records (its ``dataset``: the json it was extracted or imported from) unless
+    ``dataset_json`` names another."""
     store = open_store(store_path)
+    if dataset_json is None:
+        dataset_json = recorded_dataset(store.path, store.meta)
     dataset = load_karpathy(dataset_json, images_inside_root=False)  # opens no image
     skipped = store.meta.get("skipped", {})
     lacking = [im.image_id for im in dataset.images
@@ -26,7 +30,20 @@ def verify_store(store_path: str | Path, dataset_json: str | Path) -> dict:
             f"{store.path}: lacks image {lacking[0]} of {dataset_json} ({len(lacking)} of "
             f"{len(dataset.images)} images missing; was it made from another dataset?)")
     n_skipped = sum(str(im.image_id) in skipped for im in dataset.images)
-    return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped}
+    return {"store": str(store.path), "images": len(dataset.images), "skipped": n_skipped,
+            "dataset": str(dataset_json)}
+
+
+def recorded_dataset(store_path: Path, meta: dict) -> Path:
+    """The dataset json a store records it was made from, when it is still there."""
+    recorded = meta.get("dataset")
+    if not isinstance(recorded, str) or not recorded:
+        raise CapstackError(f"{store_path}: records no dataset (made before stores kept it): "
+                            f"pass --dataset DATASET_JSON")
+    if not Path(recorded).is_file():
+        raise CapstackError(f"{store_path}: the dataset it was made from, {recorded}, is not "
+                            f"there: pass --dataset DATASET_JSON")
+    return Path(recorded)
 
 
 def check_every_record(store_path: str | Path, progress: bool = True) -> tuple[int, str | None]:

@@ -77,6 +77,20 @@ def cached_weight_files(name: str) -> list[Path]:
     return [hub / os.path.basename(w.url) for w in reversed(list(enum))]
 
 
+def weights_source(name: str) -> str:
+    """Where backbone ``name``'s weights come from, for a message that lacks them: torchvision's
+    ImageNet files (nothing is downloaded at run time), or a training of its own."""
+    known = {**_RESNETS, **_VGGS}
+    if name not in known:
+        return (f"{name} has no ImageNet weights: train it (`capstack train-backbone --backbone "
+                f"{name}`, the demo's stage 'backbone') and pass its state_dict with --weights")
+    files = ", ".join(f"{w.name} {w.url}" for w in known[name][1])
+    hub = Path(torch.hub.get_dir()) / "checkpoints"
+    return (f"{name}'s ImageNet weights are torchvision's state_dicts ({files}); capstack "
+            f"downloads nothing: fetch one (torchvision.models.{name}(weights=...) saves it in "
+            f"{hub}) and pass its path with --weights")
+
+
 def resolve_weights(name: str, weights: str | None) -> Weights:
     """The weights file to load for backbone ``name`` (or random), with its hash."""
     if weights == RANDOM:
@@ -84,7 +98,8 @@ def resolve_weights(name: str, weights: str | None) -> Weights:
     if weights:
         path = Path(weights).expanduser().resolve()
         if not path.is_file():
-            raise CapstackError(f"{weights}: backbone weights not found")
+            raise CapstackError(f"{weights}: backbone weights not found. {weights_source(name)}"
+                                f"; --weights random gives meaningless random features")
         return Weights(str(path), md5_of_file(path))
     for path in cached_weight_files(name):
         if path.is_file():

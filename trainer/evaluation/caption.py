@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-
+from pipeline.core.errors import CapstackError
 from pipeline.features.stores.schema import Schema, check_meta
 from trainer.batch import EvalBatch
 from trainer.checkpoint import load_checkpoint
@@ -32,15 +32,42 @@ class Caption:
     regions: int | None = None  # how many regions the decoder attended over (region stores)
 
 
+STEM, INDEX = "{stem}", "{n}"  # what --attention's file name may hold
+
+
+def attention_files(pattern: Path, images: Sequence[Path]) -> list[Path]:
+    """Where each image's attention picture goes: ``pattern`` itself for one image; for several,
+    ``pattern`` with ``{stem}`` (the image file's name without its suffix) or ``{n}`` (its
+    place among the images, 1 for the first) filled in, so that the file asked for is the file
+    written. Refused, before anything runs, when two images would share a picture."""
+    text = str(pattern)
+    if len(images) > 1 and STEM not in text and INDEX not in text:
+        raise CapstackError(
+            f"--attention {pattern}: {len(images)} images need a picture each: put {STEM} (the "
+            f"image's file name) or {INDEX} (its place, from 1) in the name, e.g. "
+            f"{pattern.with_name(f'{pattern.stem}-{STEM}{pattern.suffix}')}")
+    files = [Path(text.replace(STEM, Path(image).stem).replace(INDEX, str(k)))
+             for k, image in enumerate(images, 1)]
+    first: dict[Path, Path] = {}
+    for image, file in zip(images, files):
+        if file in first:
+            raise CapstackError(f"--attention {pattern}: {first[file]} and {image} would both "
+                                f"be drawn to {file}: use {INDEX} (their place) in the name")
+        first[file] = Path(image)
+    return files
+
+
 CAPTION_BATCH = 16  # images decoded, extracted and beam-searched at once
 
 
 def caption_files(checkpoint: str | Path, paths: Sequence[Path],
                   extractor_for: Callable[[dict, str], Callable], *, beam_size: int = 5,
                   max_len: int = 16, attention: Path | None = None, device="cpu") -> list[Caption]:
-    """A caption of each image of ``paths``, in :data:`CAPTION_BATCH` images at a time: their
-    pixels, features and beams are what memory holds, however many images are given (all at
-    once, 200 images took 6.85 GB)."""
+    """Each image file's caption (beam search), :data:`CAPTION_BATCH` images at a time (their
+    pixels, features and beams are what memory holds, however many images are given; all at
+    once, 200 images took 6.85 GB), and with ``attention`` its picture of where the decoder
+    looked per word (:func:`attention_files` names them)."""
+    figures = attention_files(attention, paths) if attention is not None else None
     ckpt = load_checkpoint(checkpoint)
     model, vocab, config = load_model(ckpt)
     model = model.to(device)
@@ -58,9 +85,8 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
         preds = predict(model, vocab, [batch], device, beam_size=beam_size, max_len=max_len)
         for k, (path, p) in enumerate(zip(chunk, preds), start):
             figure = None
-            if attention is not None and p.alphas is not None and (grid or p.boxes is not None):
-                figure = attention if len(paths) == 1 else \
-                    attention.with_name(f"{attention.stem}_{k}{attention.suffix}")
+            if figures is not None and p.alphas is not None and (grid or p.boxes is not None):
+                figure = figures[k]
                 attention_figure(path, p.words, p.alphas, figure, grid=grid,
                                  boxes=None if grid else p.boxes, title=" ".join(p.words))
             out.append(Caption(Path(path), p.words, p.logprob, figure,

@@ -83,8 +83,9 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter,
     return report
 
 
-def autocast(device: torch.device):
-    """float16 autocast on CUDA; nothing on the CPU (where it would only slow down)."""
-    if device.type == "cuda":
+def autocast(device: torch.device, half: bool = True):
+    """float16 autocast on CUDA (unless ``half`` is False); nothing on the CPU (where it would
+    only slow down)."""
+    if device.type == "cuda" and half:
         return torch.autocast("cuda", dtype=torch.float16)
-    return torch.autocast("cpu", enabled=False)
+    return torch.autocast(device.type, enabled=False)

@@ -3,7 +3,8 @@ RL run drawn after the XE run it started from, on one time axis.
 
 A log with discriminator rounds (kind "discriminator", HACap) gets a third panel: D's
 held-out accuracy by step (chance, 0.5, dashed) beside the validation CIDEr, each
-validation placed at the last step of its epoch."""
+validation placed at the last step of its epoch. Epochs and CIDEr read as the printed lines
+say them: the third epoch is 3 (0 the start checkpoint), CIDEr x100."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ from trainer.evaluation.figures.render import save_png
 
 MOVING_AVERAGE_WINDOW = 20
 CHANCE = 0.5  # a discriminator that cannot tell references from samples
+SCALE = 100  # CIDEr drawn x100, as every printed table and line shows it
+
+
+def shown_epoch(logged: int) -> int:
+    """An epoch as the printed lines count it: the log's 0-based epoch 2 is the third, 3; the
+    start checkpoint's (-1) is 0."""
+    return logged + 1
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:
@@ -95,14 +103,15 @@ def _plot_val(ax: Axes, val: list[dict], color: str = "tab:orange", label: str |
         ax.text(0.5, 0.5, "no validation yet", ha="center", va="center", transform=ax.transAxes)
         return
     val = sorted(val, key=lambda r: r["epoch"])
-    ax.plot([r["epoch"] for r in val], [r["cider"] for r in val], "o-", color=color, label=label)
+    ax.plot([shown_epoch(r["epoch"]) for r in val], [SCALE * r["cider"] for r in val], "o-",
+            color=color, label=label)
 
 
 def _val_steps(train: list[dict], val: list[dict]) -> list[tuple[float, float]]:
     """(step, CIDEr) of each validation of one phase: the last logged step of its epoch (the
     trainer logs every epoch's last batch), 0 for the start checkpoint's (epoch -1)."""
     return sorted((max((t["step"] for t in train if t["epoch"] <= v["epoch"]), default=0),
-                   v["cider"]) for v in val)
+                   SCALE * v["cider"]) for v in val)
 
 
 def _plot_discriminator(ax: Axes, rounds: list[dict], val_steps: list[tuple[float, float]],
@@ -159,7 +168,8 @@ def curves_figure(metrics_jsonl: Path, before: Path | None = None,
         _plot_val(cider_ax, xe[1], label=labels[0])
         _plot_val(cider_ax, rl[1], color="tab:green", label=labels[1])
         if rl[1]:
-            cider_ax.axvline(rl[1][0]["epoch"], color="gray", linestyle="--", linewidth=1)
+            cider_ax.axvline(shown_epoch(rl[1][0]["epoch"]), color="gray", linestyle="--",
+                             linewidth=1)
         cider_ax.legend(loc="lower right")
         steps = max(r["step"] for r in first[0])  # what on_one_axis shifted the second by
         rounds, boundary = xe[2] + rl[2], steps

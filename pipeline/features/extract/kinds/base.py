@@ -23,6 +23,25 @@ import torch
 from pipeline.core.errors import CapstackError
 from pipeline.features.extract.job import Extraction
 from pipeline.features.extract.runner import BatchModel
+from pipeline.vision.backbones import RANDOM
+
+DTYPE = "float16"  # a store's feature dtype unless --dtype says otherwise ...
+RANDOM_DTYPE = "float32"  # ... or the weights are random (store_dtype)
+
+
+def store_dtype(dtype: str | None, weights: str | None) -> str:
+    """The feature dtype of a store: the one given (``--dtype``), else float16, or float32 for
+    random weights. A random deep network's activations grow with depth past float16's 65504
+    (a random ResNet-101's layer4 at 224 px reaches about 9e4), which the store refuses."""
+    if dtype:
+        return dtype
+    return RANDOM_DTYPE if weights == RANDOM else DTYPE
+
+
+def half_precision(weights: str | None) -> bool:
+    """Whether extraction may compute in float16 on a GPU: not with random weights, whose
+    activations pass float16's range inside the network, before any store sees them."""
+    return weights != RANDOM
 
 
 class ExtractorKind:

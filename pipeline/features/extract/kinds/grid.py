@@ -22,7 +22,7 @@ from torch import nn
 
 from pipeline.features.extract.kinds import EXTRACTORS
 from pipeline.features.extract.job import Extraction, JobResult, extract
-from pipeline.features.extract.kinds.base import ExtractorKind
+from pipeline.features.extract.kinds.base import ExtractorKind, half_precision, store_dtype
 from pipeline.features.extract.runner import BatchModel, autocast
 from pipeline.features.stores import Record, Schema, field
 from pipeline.vision.backbones import (Weights, checked_layer, grid_channels, grid_trunk,
@@ -49,19 +49,20 @@ class GridSettings:
     weights: str | None = None  # a path, "random", or None for torchvision's cache
     image_size: int = 448
     grid: int = 14
-    dtype: str = "float16"
+    dtype: str | None = None  # float16; float32 for random weights (store_dtype)
     layer: str = "layer4"  # or layer3 (stride 16); conv5_4 for vgg19
 
 
-def batch_model(extractor: GridExtractor, device: torch.device):
-    """Records for a collated batch: forward on ``device``, features back as float32."""
+def batch_model(extractor: GridExtractor, device: torch.device, half: bool = True):
+    """Records for a collated batch: forward on ``device`` (in float16 on a GPU when ``half``),
+    features back as float32."""
 
     @torch.inference_mode()
     def run(batch: dict) -> list[Record]:
         images = stack_images(batch["images"]).to(device, non_blocking=True)
         if device.type == "cuda":
             images = images.contiguous(memory_format=torch.channels_last)
-        with autocast(device):
+        with autocast(device, half):
             cells = extractor(images)
         cells = cells.float().cpu().numpy()
         return [Record(cells[k], h, w)
@@ -81,9 +82,10 @@ class Grid(ExtractorKind):
         weights = resolve_weights(s.backbone, s.weights)
         channels = grid_channels(s.backbone, s.layer)
         map_size = layer_map_size(s.image_size, s.layer)
+        dtype = store_dtype(s.dtype, s.weights)
         return Extraction(
-            kind="grid", backbone=s.backbone, dtype=s.dtype,
-            schema=Schema((field("features", (channels,), s.dtype),), grid=s.grid),
+            kind="grid", backbone=s.backbone, dtype=dtype,
+            schema=Schema((field("features", (channels,), dtype),), grid=s.grid),
             settings={"extractor": self.command, "features_version": FEATURES_VERSION,
                       "weights_md5": weights.md5, "image_size": s.image_size,
                       "layer": s.layer, "layer_map": map_size, "grid": s.grid,
@@ -99,7 +101,7 @@ class Grid(ExtractorKind):
         extractor = GridExtractor(grid_trunk(model, s.layer), s.grid).eval().to(device)
         if device.type == "cuda":
             extractor = extractor.to(memory_format=torch.channels_last)
-        return batch_model(extractor, device)
+        return batch_model(extractor, device, half_precision(weights.path))
 
     def rebuild(self, s: GridSettings, weights_md5: str, where: str, device: torch.device):
         assert s.weights is not None, "rebuilt settings hold the store's weights"

@@ -28,7 +28,7 @@ from pipeline.captions.karpathy import box_inside, image_box, image_boxes, load_
 from pipeline.core.errors import CapstackError
 from pipeline.features.detectors.selection import RegionExtractor
 from pipeline.features.extract.job import Extraction
-from pipeline.features.extract.kinds.base import ExtractorKind
+from pipeline.features.extract.kinds.base import ExtractorKind, half_precision, store_dtype
 from pipeline.features.extract.runner import autocast
 from pipeline.features.stores import Record, Schema, field
 from pipeline.vision.images import detector_transform
@@ -50,12 +50,13 @@ class SharedRegionSettings:
     nms_thresh: float = 0.3
     min_size: int = 600
     max_size: int = 1000
-    dtype: str = "float16"
+    dtype: str | None = None  # float16; float32 for random weights (store_dtype)
 
 
 def region_schema_for(extractor, s: SharedRegionSettings) -> Schema:
     """The fields every region record of this extractor carries."""
-    return region_schema(extractor.feature_dim, s.dtype, getattr(extractor, "top_attributes", 0))
+    return region_schema(extractor.feature_dim, store_dtype(s.dtype, s.weights),
+                         getattr(extractor, "top_attributes", 0))
 
 
 def region_schema(feature_dim: int, dtype: str, top_attributes: int = 0) -> Schema:
@@ -92,9 +93,12 @@ def _boxes_digest(boxes: dict[int, np.ndarray]) -> str:
 
 
 def batch_model(extractor: RegionExtractor, device: torch.device,
-                boxes: dict[int, np.ndarray] | None, dataset_json: Path | None = None):
-    """The model of an extraction; with ``boxes`` (``--boxes given``, read from
-    ``dataset_json``), each image's own, refused when one lies wholly outside the image."""
+                boxes: dict[int, np.ndarray] | None, half: bool = True,
+                dataset_json: Path | None = None):
+    """Records for a collated batch: regions detected (or ``boxes`` given, read from
+    ``dataset_json``: each refused when it lies wholly outside its image) and described on
+    ``device``, in float16 on a GPU when ``half``."""
+
     def run(batch: dict) -> list[Record]:
         if boxes is not None:
             for image_id, h, w in zip(batch["image_ids"], batch["heights"], batch["widths"]):
@@ -103,7 +107,7 @@ def batch_model(extractor: RegionExtractor, device: torch.device,
         images = [img.to(device, non_blocking=True) for img in batch["images"]]
         wanted = None if boxes is None else [torch.from_numpy(boxes[i]).to(device)
                                               for i in batch["image_ids"]]
-        with autocast(device):
+        with autocast(device, half):
             outs = extractor(images, wanted)
         return [Record(o["features"].float().cpu().numpy(), h, w,
                        boxes=o["boxes"].float().cpu().numpy(),
@@ -169,12 +173,13 @@ class RegionKind(ExtractorKind):
         else:
             settings["given_boxes_md5"] = _boxes_digest(boxes)
         return Extraction(
-            kind="regions", backbone=backbone, dtype=s.dtype,
+            kind="regions", backbone=backbone, dtype=store_dtype(s.dtype, s.weights),
             schema=region_schema_for(probe, s), settings=settings,
             describe={"weights": weights_path, "layer": probe.layer,
                       "resize": f"shorter side {s.min_size}, longer at most {s.max_size}",
                       **about},
-            make_model=lambda: batch_model(probe.to(device), device, boxes, dataset_json),
+            make_model=lambda: batch_model(probe.to(device), device, boxes,
+                                           half_precision(s.weights), dataset_json),
             transform=detector_transform(s.min_size, s.max_size),
             pin_memory=device.type == "cuda")
 
@@ -184,4 +189,5 @@ class RegionKind(ExtractorKind):
                                 f"given), and new images have none: caption with a checkpoint "
                                 f"trained on grid features or detected regions")
         extractor = self.build(s, s.weights, weights_md5).eval().to(device)
-        return batch_model(extractor, device, None), detector_transform(s.min_size, s.max_size)
+        return (batch_model(extractor, device, None, half_precision(s.weights)),
+                detector_transform(s.min_size, s.max_size))
