@@ -552,6 +552,8 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
               help="The box entry naming its object class (shapes: label or shape).")
 @click.option("--attribute-key", default="color", show_default=True,
               help="The box entry naming its attribute ('' for no attribute head).")
+@click.option("--attribute-weight", default=0.2, show_default=True, type=FiniteRange(0),
+              help="The attribute loss's weight beside the others' 1 (grid-feats-vqa's 0.2).")
 @click.option("--image-size", default=256, show_default=True, type=click.IntRange(32, MAX_SIDE),
               help="Images resized to this shorter side (and longer at most).")
 @click.option("--width", default=8, show_default=True, help="The ResNet stem's width (VG: 64).",
@@ -561,15 +563,15 @@ def train_backbone_cmd(dataset_json, image_root, out, backbone, crop_size, epoch
               type=click.IntRange(1, MAX_BATCH))
 @click.option("--lr", default=2e-3, show_default=True, type=FiniteRange(0, min_open=True))
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, MAX_SEED))
-def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, image_size,
-                       width, epochs, batch_size, lr, seed):
+def train_detector_cmd(dataset_json, image_root, out, label_key, attribute_key, attribute_weight,
+                       image_size, width, epochs, batch_size, lr, seed):
     """Train the bottom-up detector (Caffe C4, attribute head) on a dataset's labelled boxes;
     reports COCO mAP on the test split; OUT loads with extract-regions --arch bottom-up."""
     from pipeline.features.detectors.training import DetectorTraining, train_detector
 
     cfg = DetectorTraining(label_key=label_key, attribute_key=attribute_key or None,
-                           image_size=image_size, width=width, epochs=epochs,
-                           batch_size=batch_size, lr=lr, seed=seed)
+                           attribute_weight=attribute_weight, image_size=image_size,
+                           width=width, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed)
     r = train_detector(dataset_json, image_root, out, cfg)
     attributes = (f", attribute accuracy {r['attribute_accuracy']:.3f}"
                   if r.get("attribute_accuracy") is not None else "")

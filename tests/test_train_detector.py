@@ -55,6 +55,40 @@ def test_the_same_training_twice_writes_the_same_checkpoint_bytes(shapes, traine
     assert "train_seconds" in json.loads(again.with_name(again.name + ".json").read_text())
 
 
+def test_the_attribute_loss_enters_the_sum_at_its_weight(shapes):
+    """The same batch, model and draws: the attribute loss scales with attribute_weight and
+    the other four losses do not move (the weight keeps colours from taking the features)."""
+    from dataclasses import replace
+
+    import torch
+
+    from pipeline.captions.karpathy import load_karpathy
+    from pipeline.features.detectors.detector import BottomUpDetector
+    from pipeline.features.detectors.training import (detector_config, examples, label_names,
+                                                      step_loss)
+
+    root, dataset = shapes
+    train = load_karpathy(dataset).split("train")
+    objects = {n: k + 1 for k, n in enumerate(label_names(train, "shape", dataset))}
+    colours = {n: k + 1 for k, n in enumerate(label_names(train, "color", dataset))}
+    batch = examples(train, root, objects, colours, TINY, dataset, False)[:3]
+    torch.manual_seed(0)
+    model = BottomUpDetector(detector_config(TINY, len(objects), len(colours)),
+                             frozen_norm=False).eval()  # batch norm's statistics stay put
+    proposals = replace(model.config.proposals, pre_nms=100, post_nms=40)
+
+    def losses(weight: float) -> dict[str, float]:
+        torch.manual_seed(1)
+        out = step_loss(model, batch, replace(TINY, attribute_weight=weight), proposals)
+        return {k: v.item() for k, v in out.items()}
+
+    whole, fifth = losses(1.0), losses(0.2)
+    assert whole["attributes"] > 0
+    assert fifth["attributes"] == pytest.approx(0.2 * whole["attributes"], rel=1e-6)
+    assert {k: v for k, v in fifth.items() if k != "attributes"} == pytest.approx(
+        {k: v for k, v in whole.items() if k != "attributes"}, rel=1e-6)
+
+
 def test_the_checkpoint_loads_with_its_label_names(shapes, trained):
     out, _ = trained
     loaded = load_detector(out)
