@@ -218,7 +218,7 @@ def test_prepare_into_the_current_folder(tmp_path, monkeypatch):
 
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path / "empty")
-    result = CliRunner().invoke(main, ["prepare", "../ds.json", "."])
+    result = CliRunner().invoke(main, ["prepare", "../ds.json", ".", "--min-count", "1"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "empty" / "vocab.json").is_file()
     assert "prepare: .: vocabulary" in result.output
