@@ -28,7 +28,8 @@ A variant, ``configs/experiments/variants/APPROACH+WHAT.yaml`` (an experiment fi
 ``APPROACH+WHAT`` of the approach's stages with ``config`` set to that file.
 
     python benchmarks/approaches_over_seeds.py [--seeds 0,1,2] [--out reports/seeds]
-        [--only show_tell soft_attention stack_cap+feature_embed] [--xe-only] [--jobs 30]
+        [--only show_tell soft_attention stack_cap+feature_embed] [--xe-only | --phases rl]
+        [--jobs 30]
 
 With ``--jobs N`` the (row, seed) chains run N at a time, each in its own processes: the demo's
 small decoders leave a GPU mostly idle, so many chains can share one.
@@ -116,11 +117,12 @@ def folders(name: str, suffix: str, seeds: list[int]) -> list[str]:
             f"exps/{name + '-' if variant else ''}seed{seed}/{folder}" for seed in seeds]
 
 
-def row_phases(name: str, stages: set[str], rl_too: bool) -> list[tuple[str, str]]:
-    """The (stage family, evaluation suffix) of every phase row ``name`` has, XE's first."""
+def row_phases(name: str, stages: set[str], families: set[str]) -> list[tuple[str, str]]:
+    """The (stage family, evaluation suffix) of every phase row ``name`` has among
+    ``families`` (after XE), XE's first."""
     approach = name.split("+", 1)[0]
-    return [("train", "")] + [(family, suffix) for family, suffix in PHASES if rl_too
-                              and f"{family}@{approach}" in stages
+    return [("train", "")] + [(family, suffix) for family, suffix in PHASES
+                              if family in families and f"{family}@{approach}" in stages
                               and f"evaluate@{approach}{suffix}" in stages]
 
 
@@ -234,6 +236,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", default=None, help="these rows (default: every "
                                                             "approach)")
     ap.add_argument("--xe-only", action="store_true", help="train and evaluate XE runs only")
+    ap.add_argument("--phases", nargs="+", choices=[family for family, _ in PHASES],
+                    default=[family for family, _ in PHASES],
+                    help="the phases after XE to run where a row has them (default: all)")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: compare the evaluations the workdir holds (made there or "
                          "on another machine), each phase whose every seed is evaluated")
@@ -245,7 +250,8 @@ def main() -> None:
 
     seeds, workdir = parse_seeds(",".join(args.seeds)), args.workdir.resolve()
     names, stages = args.only or list(DECODERS), stage_names(workdir)
-    phases = {name: row_phases(name, stages, not args.xe_only) for name in names}
+    families = set() if args.xe_only else set(args.phases)
+    phases = {name: row_phases(name, stages, families) for name in names}
     if args.report_only:
         phases = evaluated_phases(phases, seeds, workdir)
     elif args.jobs > 1:
