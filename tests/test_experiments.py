@@ -201,6 +201,24 @@ def test_seeds_run_once_each_as_their_own_experiments_and_are_skipped_when_done(
     assert "experiment seed1 does not change stage 'prepare'" in upstream
 
 
+def test_each_seeds_run_folder_has_its_own_lock_so_seeds_train_at_once(project):
+    """capstack train leaves ``runs/NAME.lock`` beside its run folder. An experiment that
+    reruns the stage writes its own ``runs/NAME``, so the lock beside it is its own too: one
+    linked to the baseline's made every seed's training refuse the others ("already
+    running"), which ran them one at a time at best."""
+    from pipeline.core.runlock import exclusive_beside
+
+    (project.workdir / "runs" / "model.lock").write_text("")  # as a training leaves it
+    project.stage_cmd("run", "train", "--seeds", "1,2")
+    seeds = [project.workdir / "exps" / f"seed{s}" / "runs" for s in (1, 2)]
+    for runs in seeds:
+        assert not (runs / "model.lock").is_symlink()
+    with exclusive_beside(seeds[0] / "model", "seed 1's training"), \
+            exclusive_beside(seeds[1] / "model", "seed 2's training"), \
+            exclusive_beside(project.workdir / "runs" / "model", "seed 0's training"):
+        pass  # three run folders, three locks: none refused
+
+
 def test_a_stage_is_told_its_experiment_and_a_seed_its_group(project):
     def recorded(folder: str) -> str:
         doc = json.loads((project.workdir / folder / "evals/model/metrics.json").read_text())

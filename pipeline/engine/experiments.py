@@ -260,9 +260,13 @@ class ExperimentPipeline(Pipeline):
 # -- the experiment's view of the workdir ---------------------------------------------------
 def mirror(workdir: Path, folder: Path, own_outs: Iterable[str]) -> None:
     """Make ``folder`` show ``workdir``'s files through relative links, except the experiment's
-    own outs (and the folders that hold one, real folders there): a link left where an own out
-    goes is removed; a real file or folder is never replaced."""
+    own outs and the locks beside them (and the folders that hold one, real folders there): a
+    link left where an own out or its lock goes is removed; a real file or folder is never
+    replaced."""
     own = {os.path.normpath(o) for o in own_outs}
+    # the lock beside an own out (runlock.lock_beside: a run folder's, a store's) is the
+    # experiment's too: linked to the baseline's, every seed's run would refuse the others
+    own |= {o + ".lock" for o in own}
     holders = {str(p) for o in own for p in Path(o).parents if str(p) != "."}
     skipped = {EXPERIMENTS, *_STATE}
     folder.mkdir(parents=True, exist_ok=True)
