@@ -195,6 +195,25 @@ def test_checkpoint_refused_on_other_stores_or_config(data, tmp_path):
 
 
 
+def test_a_start_may_change_only_the_dropout_and_a_resume_nothing(data, tmp_path):
+    """train.init_from loads the weights into a run without dropout (RL after XE with it);
+    any other decoder setting is still refused, and so is a resume with another dropout."""
+    root, prepared, grid, regions = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[grid], epochs=1)
+    train(load_experiment(path), tmp_path / "xe", progress=False)
+    start = [f"train.init_from={tmp_path / 'xe' / 'best.pt'}", "decoder.dropout=0.0"]
+    train(load_experiment(path, start), tmp_path / "rl", progress=False)
+    rl = load_checkpoint(tmp_path / "rl" / "last.pt")
+    assert rl["identity"]["decoder"]["dropout"] == 0.0
+    with pytest.raises(CapstackError, match="decoder.hidden: the checkpoint has 32"):
+        train(load_experiment(path, [*start, "decoder.hidden=16"]), tmp_path / "rl16",
+              progress=False)
+    with pytest.raises(CapstackError, match="decoder.dropout: the checkpoint has 0.5"):
+        train(load_experiment(path, ["decoder.dropout=0.1", "train.epochs=2"]),
+              tmp_path / "xe", progress=False)
+
+
 def test_evaluation_refuses_a_pointer_now_naming_other_features(data, tmp_path):
     _, prepared, grid, _ = data
     pointer = tmp_path / "grid.json"

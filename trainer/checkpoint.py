@@ -54,12 +54,23 @@ def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: 
     }
 
 
-def check_identity(saved: dict, current: dict, path: Path) -> None:
+def check_identity(saved: dict, current: dict, path: Path, *,
+                   training_only_may_differ: bool = False) -> None:
     """Raise naming the first differing field, e.g. ``stores[0].fingerprint: checkpoint a, now
-    b``."""
+    b``. ``training_only_may_differ``: a start's weights (``train.init_from``) mean the same
+    under another dropout rate, a setting that acts only while training, so RL may drop it."""
     for field, old, new in _differences(saved, current, ""):
+        if training_only_may_differ and training_only(field):
+            continue
         raise CapstackError(f"{path}: {field}: the checkpoint has {old!r}, this run has {new!r} "
                             f"(train a new experiment, or use the checkpoint's data and config)")
+
+
+def training_only(field: str) -> bool:
+    """A decoder setting that acts only in training mode: its dropout rates (``dropout``,
+    ``att_dropout`` ...), which change no weight and no evaluation-mode output."""
+    section, _, name = field.rpartition(".")
+    return section.startswith("decoder") and name.endswith("dropout")
 
 
 def _differences(old, new, prefix: str):

@@ -46,7 +46,8 @@ def start_from(run: Run, path: str) -> None:
     """Weights of another run's checkpoint (RL after XE), on the same data and decoder; that
     start validated is the best so far, which the run must beat to replace best.pt."""
     ckpt = load_checkpoint(path)
-    check_identity(ckpt["identity"], run.identity, Path(ckpt["path"]))
+    check_identity(ckpt["identity"], run.identity, Path(ckpt["path"]),
+                   training_only_may_differ=True)
     run.model.load_state_dict(ckpt["model"])
     if run.config.train.init_optimizer:
         start_optimiser(run, ckpt, Path(ckpt["path"]))
