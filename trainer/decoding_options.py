@@ -88,12 +88,13 @@ class DecodingConfig:
                    f"keeps the best hypotheses: set search: greedy and sample_method: sample")
         if not beams and not sampling:
             for name, given, what in (
-                    ("top_k", self.top_k > 0, "the k best words"),
-                    ("top_p", self.top_p < 1, "the nucleus"),
-                    ("temperature", self.temperature != 1, "a tempered distribution")):
+                    ("top_k", self.top_k > 0, "keeping the k best words"),
+                    ("top_p", self.top_p < 1, "keeping the nucleus"),
+                    ("temperature", self.temperature != 1, "a temperature")):
                 if given:
-                    yield (f"{name}: greedy decoding takes the most probable word, whatever "
-                           f"{what}: set sample_method: sample (or gumbel) to draw from it")
+                    yield (f"{name}: greedy decoding takes the most probable word, which "
+                           f"{what} leaves as it is: set sample_method: sample (or gumbel) "
+                           f"to draw")
         if kind != "none" and not beams:
             yield (f"length_penalty: {self.length_penalty} ranks a beam's hypotheses; "
                    f"{self._one_at_a_time()} ranks none: use search: beam with beam_size > 1")
