@@ -6,6 +6,7 @@ them, so ``capstack stages`` and a skipped ``capstack run`` start fast.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -736,6 +737,61 @@ def runs_cmd(workdir, as_json):
             click.echo(f"    {note}")
 
 
+# option -> (field of trainer/decoding_options.py's DecodingConfig, click parameter); each one's
+# default is None: the experiment's eval: value
+DECODING_OPTIONS = {
+    "--search": ("search", dict(type=click.Choice(["beam", "greedy", "diverse"]),
+                                help="beam (greedy for --beam 1), greedy, or diverse beam search "
+                                     "[the experiment's eval.search]")),
+    "--sample-method": ("sample_method", dict(
+        type=click.Choice(["greedy", "sample", "gumbel"]),
+        help="How one-word-at-a-time decoding picks a word: the most probable, or a draw "
+             "[eval.sample_method]")),
+    "--temperature": ("temperature", dict(type=float, help="Sampling temperature; in beam "
+                                          "search it tempers the scores [eval.temperature]")),
+    "--top-k": ("top_k", dict(type=int, help="Draw among the K most probable words, 0 all "
+                              "[eval.top_k]")),
+    "--top-p": ("top_p", dict(type=float, help="Draw from the nucleus of probability P, 1 all "
+                              "[eval.top_p]")),
+    "--length-penalty": ("length_penalty", dict(help="none, wu_ALPHA or avg_ALPHA: how beam "
+                                                     "search ranks lengths [eval.length_penalty]")),
+    "--group-size": ("group_size", dict(type=int, help="Diverse beam search's groups "
+                                        "[eval.group_size]")),
+    "--diversity-lambda": ("diversity_lambda", dict(type=float, help="Diverse beam search's "
+                                                    "penalty per earlier group's same word "
+                                                    "[eval.diversity_lambda]")),
+    "--block-trigrams/--allow-trigrams": ("block_trigrams", dict(
+        default=None, help="No trigram twice in a caption [eval.block_trigrams]")),
+    "--remove-bad-endings/--keep-bad-endings": ("remove_bad_endings", dict(
+        default=None, help="No caption ends with a, the, of, ... [eval.remove_bad_endings]")),
+    "--bad-endings": ("bad_endings", dict(help="The words no caption may end with, comma "
+                                               "separated (with --remove-bad-endings) "
+                                               "[eval.bad_endings]")),
+    "--no-repeats/--allow-repeats": ("no_repeats", dict(
+        default=None, help="No word twice in a row [eval.no_repeats]")),
+    "--n": ("n", dict(type=int, help="Captions per image: the beam's n best or n samples "
+                      "[eval.n]")),
+}
+
+
+def decoding_options(command):
+    """The decoding options (:data:`DECODING_OPTIONS`) on a command, handed to it as one
+    ``decoding`` mapping of the fields given ({} when none is)."""
+    fields = [field for field, _ in DECODING_OPTIONS.values()]
+
+    @functools.wraps(command)
+    def run(**kwargs):
+        given = {f: kwargs.pop(f) for f in fields}
+        if given["bad_endings"] is not None:
+            given["bad_endings"] = [w.strip() for w in given["bad_endings"].split(",")
+                                    if w.strip()]
+        return command(decoding={f: v for f, v in given.items() if v is not None}, **kwargs)
+
+    for flag, (field, settings) in reversed(DECODING_OPTIONS.items()):
+        run = click.option(flag, field, **{"default": None, **settings})(run)
+    return run
+
+
 @stage_command("evaluate", code="trainer.evaluation.evaluate")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -756,9 +812,12 @@ def runs_cmd(workdir, as_json):
               help="Score against each image's first N references, 0 all "
                    "[the experiment's eval.max_refs].")
 @click.option("--device", default="auto", show_default=True)
-def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_refs, device):
+@decoding_options
+def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_refs, device,
+                 decoding):
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
-    eval: section says unless options override it; or score RESULTS --refs REFS."""
+    eval: section says unless options override it; or score RESULTS --refs REFS. The decoding
+    options (--search, --sample-method, ..., --n) are docs/training.md's "Decoding options"."""
     from trainer.evaluation.evaluate import evaluate_checkpoint
     from trainer.runs import evaluation_folder
     from trainer.scoring.metrics import score_files
@@ -767,6 +826,8 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
         given = [name for name, value in (("--split", split), ("--beam", beam_size),
                                           ("--max-len", max_len), ("--figures", figures))
                  if value is not None]
+        given += [flag.split("/")[0] for flag, (field, _) in DECODING_OPTIONS.items()
+                  if field in decoding]
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a checkpoint; with --refs "
                                    f"TARGET is a results file, already decoded")
@@ -781,7 +842,7 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
         out_dir = out_dir or evaluation_folder(target)
         scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
                                      max_len=max_len, figures=figures, max_refs=max_refs,
-                                     device=device)
+                                     device=device, decoding=decoding)
     _echo_scores(scores)
     if out_dir:
         click.echo(f"-> {out_dir}/metrics.json")
@@ -809,8 +870,11 @@ def _echo_scores(scores: dict) -> None:
 @click.option("--max-len", default=16, show_default=True,
               type=click.IntRange(1, MAX_CAPTION_WORDS))
 @click.option("--device", default="auto", show_default=True)
-def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
-    """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores."""
+@decoding_options
+def caption_cmd(checkpoint, images, attention, beam_size, max_len, device, decoding):
+    """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores.
+    The decoding options other than --beam and --max-len default to the experiment's eval:
+    values; with --n N each image's N captions are printed with their rank."""
     from pipeline.core.ranks import pick_device
     from pipeline.features.extract.rebuild import image_extractor
     from trainer.evaluation.caption import caption_files
@@ -819,14 +883,16 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device):
     captions = caption_files(checkpoint, list(images),
                              lambda meta, where: image_extractor(meta, where, dev),
                              beam_size=beam_size, max_len=max_len, attention=attention,
-                             device=dev)
+                             device=dev, decoding=decoding)
+    ranked = any(c.rank > 1 for c in captions)
     for c in captions:
         notes = ([f"{c.regions} regions"] if c.regions is not None else []) + \
             ([f"attention -> {c.attention}"] if c.attention else
              ["no attention to draw: the decoder attends over no single grid or set of regions"]
              if attention else [])
         drawn = f"  [{'; '.join(notes)}]" if notes else ""
-        click.echo(f"{c.path}: {' '.join(c.words)}{drawn}")
+        rank = f" [{c.rank}]" if ranked else ""
+        click.echo(f"{c.path}{rank}: {' '.join(c.words)}{drawn}")
 
 
 @stage_command("cider-cache", code="trainer.rewards.cider_cache")

@@ -194,3 +194,27 @@ def test_caption_extracts_and_decodes_a_bounded_batch_at_a_time(setup, tmp_path)
     assert captions[-1].attention == tmp_path / f"att_{len(files)}.png"
     alone = caption_files(root / "run", files[-1:], extractor_for, beam_size=2)
     assert alone[0].words == captions[-1].words
+
+
+def test_caption_takes_the_decoding_options_and_prints_n_ranked_captions(setup, capstack,
+                                                                         tmp_path):
+    root, dataset, _, _, _ = setup
+    files = sorted((dataset.parent / "images").glob("*.png"))[:2]
+    plain = capstack("caption", "--checkpoint", root / "run", *files, "--beam", 3).output
+    ranked = capstack("caption", "--checkpoint", root / "run", *files, "--beam", 3,
+                      "--n", 2).output.splitlines()
+    assert [line.split(": ", 1)[0] for line in ranked] == \
+        [f"{f} [{rank}]" for f in files for rank in (1, 2)]
+    firsts = [line.split(": ", 1)[1] for line in ranked if line.split(": ")[0].endswith("[1]")]
+    assert firsts == [line.split(": ", 1)[1] for line in plain.splitlines()]
+    sampled = capstack("caption", "--checkpoint", root / "run", files[0], "--search", "greedy",
+                       "--sample-method", "sample", "--top-k", 3, "--n", 3,
+                       "--no-repeats").output.splitlines()
+    assert len(sampled) == 3
+    for line in sampled:
+        words = line.split(": ", 1)[1].split()
+        assert all(a != b for a, b in zip(words, words[1:]))
+    refused = capstack("caption", "--checkpoint", root / "run", files[0], "--top-p", 0.9,
+                       expect_ok=False)
+    assert "capstack caption: eval.top_p: the nucleus is what a sample draws from" in \
+        refused.output

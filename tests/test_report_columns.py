@@ -30,6 +30,14 @@ def test_only_the_settings_that_vary_are_columns_in_their_order():
     assert list(table["beam"]) == ["5", "1"]
 
 
+def test_decoding_options_are_a_column_when_they_vary():
+    table = R.metrics_table([("a", SCORES, "XE", "cross-entropy", setting()),
+                             ("a", SCORES, "XE", "cross-entropy",
+                              setting(beam=4, decoding="search=diverse group_size=2"))])
+    assert list(table.columns)[:4] == ["Approach", "Training", "beam", "decoding"]
+    assert list(table["decoding"]) == ["-", "search=diverse group_size=2"]
+
+
 def test_the_run_is_a_column_only_when_rows_would_read_the_same():
     rows = [("a", SCORES, "XE", "cross-entropy", setting(run="runs/a")),
             ("a", SCORES, "XE", "cross-entropy", setting(run="runs/b"))]
@@ -61,7 +69,8 @@ def test_one_checkpoint_at_two_beams_gives_two_rows_told_apart(checkpoint, tmp_p
     assert doc["setting"] == {"experiment": "", "run": str(checkpoint / "run"),
                               "decoder": "show_tell",
                               "objective": "xe", "reward": "", "features": "grid", "seed": 0,
-                              "beam": 5, "max_len": 16, "split": "test", "max_refs": 0}
+                              "beam": 5, "max_len": 16, "split": "test", "max_refs": 0,
+                              "decoding": ""}
     R.write_report([tmp_path / "beam5" / "metrics.json", tmp_path / "beam1" / "metrics.json"],
                    tmp_path / "report")
     csv = pd.read_csv(tmp_path / "report" / "metrics.csv")

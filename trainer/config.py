@@ -9,7 +9,7 @@ registered class and whose other keys fill that class's own config dataclass::
     objective: {name: xe}        # or {name: scst, samples: 5, reward: {name: cider-d, cache: ...}}
     data: {captions: data/prepared, features: [data/features/grid.json]}
     train: {epochs: 10, batch_size: 50, lr: 4.0e-4}  # optimizer: {name: adam} unless given
-    eval: {beam_size: 5}
+    eval: {beam_size: 5}  # or {search: diverse, group_size: 2}: trainer/decoding_options.py
 
 Everything is checked when the file is read, before a store or a model is
 opened: types, choices, each component's own checks, and whether the objective
@@ -59,6 +59,7 @@ from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURE
 from trainer import upgrade
 from trainer.components import Component, component, file_form
 from trainer.decoders import DECODERS, build_decoder
+from trainer.decoding_options import DecodingConfig
 from trainer.objectives import OBJECTIVES
 from trainer.optimizers import OPTIMIZERS
 from trainer.scoring.metrics import selectable
@@ -119,9 +120,11 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
-    beam_size: int = bounded(5, 1, MAX_SAMPLES)
-    max_len: int = bounded(16, 1, MAX_CAPTION_WORDS)
+class EvalConfig(DecodingConfig):
+    """How ``capstack evaluate`` decodes (the fields of
+    :class:`~trainer.decoding_options.DecodingConfig`: beam size, length, search, sampling,
+    length penalty, constraints, captions per image) and what it scores and draws."""
+
     split: Literal["train", "val", "test"] = "test"
     figures: int = bounded(4, 0, MAX_FIGURES)  # attention figures of the first N evaluated images
     max_refs: int = bounded(0, 0, MAX_SAMPLES)  # each image's first N references scored; 0: all

@@ -4,20 +4,23 @@ The checkpoint records the metadata of the stores it was trained on; the
 caller passes ``extractor_for(meta, where)``, which rebuilds the extractor that
 made each store from its ``producer`` (``pipeline.features.extract.rebuild``),
 so the trainer itself never opens an image model. The features go through the
-same padding, dtype and box geometry as in training, then beam search.
+same padding, dtype and box geometry as in training, then beam search, or the decoding the
+experiment's ``eval:`` block and the options given say (trainer/decoding_options.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores.schema import Schema, check_meta
 from trainer.batch import EvalBatch
 from trainer.checkpoint import load_checkpoint
+from trainer.config import from_dict
 from trainer.data import batch_from_records, combine
+from trainer.decoding_options import DecodingConfig
 from trainer.evaluation.evaluate import load_model
 from trainer.evaluation.figures import attention_figure
 from trainer.evaluation.predict import predict
@@ -30,6 +33,7 @@ class Caption:
     logprob: float
     attention: Path | None
     regions: int | None = None  # how many regions the decoder attended over (region stores)
+    rank: int = 1  # its place among the image's n captions, from 1
 
 
 STEM, INDEX = "{stem}", "{n}"  # what --attention's file name may hold
@@ -62,15 +66,26 @@ CAPTION_BATCH = 16  # images decoded, extracted and beam-searched at once
 
 def caption_files(checkpoint: str | Path, paths: Sequence[Path],
                   extractor_for: Callable[[dict, str], Callable], *, beam_size: int = 5,
-                  max_len: int = 16, attention: Path | None = None, device="cpu") -> list[Caption]:
+                  max_len: int = 16, attention: Path | None = None, device="cpu",
+                  decoding: DecodingConfig | Mapping[str, Any] | None = None) -> list[Caption]:
     """Each image file's caption (beam search), :data:`CAPTION_BATCH` images at a time (their
     pixels, features and beams are what memory holds, however many images are given; all at
     once, 200 images took 6.85 GB), and with ``attention`` its picture of where the decoder
-    looked per word (:func:`attention_files` names them)."""
+    looked per word (:func:`attention_files` names them).
+
+    The decoding is the experiment's ``eval:`` options with ``beam_size`` and ``max_len``, then
+    ``decoding`` laid over them (a mapping: the options it names; a :class:`DecodingConfig`:
+    all); with n captions per image, an image's come adjacent, ranked, and its picture is its
+    first's."""
     figures = attention_files(attention, paths) if attention is not None else None
     ckpt = load_checkpoint(checkpoint)
     model, vocab, config = load_model(ckpt)
     model = model.to(device)
+    if isinstance(decoding, DecodingConfig):
+        decoding = asdict(decoding)
+    options = from_dict(DecodingConfig, {**asdict(config.eval.decoding), "beam_size": beam_size,
+                                         "max_len": max_len, **dict(decoding or {})},
+                        "capstack caption", "eval.")
     stores = [(s["path"], check_meta(s["meta"], s["path"])) for s in ckpt["stores"]]
     schemas = [Schema.from_meta(meta, where) for where, meta in stores]
     extractors = [extractor_for(meta, where) for where, meta in stores]
@@ -82,13 +97,16 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
                    for extract, schema in zip(extractors, schemas)]
         feats, mask, boxes = combine(batches, config.data.box_geometry)
         batch = EvalBatch(list(range(start, start + len(chunk))), feats, mask, boxes)
-        preds = predict(model, vocab, [batch], device, beam_size=beam_size, max_len=max_len)
-        for k, (path, p) in enumerate(zip(chunk, preds), start):
+        preds = predict(model, vocab, [batch], device, decoding=options)
+        for p in preds:
+            k = p.image_id  # the image's place among ``paths``
+            path = paths[k]
             figure = None
-            if figures is not None and p.alphas is not None and (grid or p.boxes is not None):
+            if figures is not None and p.rank == 1 and p.alphas is not None and \
+                    (grid or p.boxes is not None):
                 figure = figures[k]
                 attention_figure(path, p.words, p.alphas, figure, grid=grid,
                                  boxes=None if grid else p.boxes, title=" ".join(p.words))
             out.append(Caption(Path(path), p.words, p.logprob, figure,
-                               None if p.boxes is None else len(p.boxes)))
+                               None if p.boxes is None else len(p.boxes), p.rank))
     return out

@@ -1,7 +1,8 @@
 """The evaluation stage: beam search on the test split, the papers' metrics, pictures.
 
 ``evaluate_checkpoint`` writes to ``out_dir``:
-``results_<split>.json`` (COCO results format), ``metrics.json`` (approach,
+``results_<split>.json`` (COCO results format; with n captions per image, every caption, each
+with its ``rank`` from 1, and rank 1 is the one scored), ``metrics.json`` (approach,
 metrics, the reason of every unavailable metric, tokenizer, checkpoint, and under
 ``"diversity"`` how varied the predicted captions are: distinct-1/2, vocabulary used,
 unique captions, mean length; trainer/scoring/metrics/),
@@ -17,6 +18,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Mapping
 
 from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
@@ -28,6 +30,7 @@ from trainer.objectives import table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
 from trainer.data import Features, covered, eval_batches
 from trainer.decoders.base import Decoder
+from trainer.decoding_options import DecodingConfig
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
@@ -57,23 +60,33 @@ def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str) -> dict
             "objective": config.objective.name, "reward": getattr(reward, "name", ""),
             "features": "+".join(Path(f).stem for f in config.data.features),
             "seed": config.train.seed, "beam": s.beam_size, "max_len": s.max_len,
-            "split": s.split, "max_refs": s.max_refs}
+            "split": s.split, "max_refs": s.max_refs, "decoding": s.describe()}
 
 
-def eval_settings(saved: EvalConfig, **given) -> EvalConfig:
-    """The experiment's ``eval:`` settings, with those given on the command line (not None)."""
-    chosen = {**asdict(saved), **{k: v for k, v in given.items() if v is not None}}
+def eval_settings(saved: EvalConfig, decoding: DecodingConfig | Mapping[str, Any] | None = None,
+                  **given) -> EvalConfig:
+    """The experiment's ``eval:`` settings, with ``decoding``'s laid over them (a
+    :class:`DecodingConfig`: all of its options; a mapping: the options it names) and then
+    those given on the command line (not None); checked as the ``eval:`` block is."""
+    if isinstance(decoding, DecodingConfig):
+        decoding = asdict(decoding)
+    chosen = {**asdict(saved), **dict(decoding or {}),
+              **{k: v for k, v in given.items() if v is not None}}
     return from_dict(EvalConfig, chosen, "capstack evaluate", "eval.")
 
 
 def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: str | None = None,
                         beam_size: int | None = None, max_len: int | None = None,
                         figures: int | None = None, max_refs: int | None = None,
-                        device: str = "auto", spice: bool = True) -> dict:
-    """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given."""
+                        device: str = "auto", spice: bool = True,
+                        decoding: DecodingConfig | Mapping[str, Any] | None = None) -> dict:
+    """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given.
+    ``decoding`` lays decoding options over the experiment's (trainer/decoding_options.py):
+    a mapping such as ``{"search": "diverse", "group_size": 2}``, or a whole
+    :class:`DecodingConfig`."""
     ckpt = load_checkpoint(checkpoint)
     model, vocab, config = load_model(ckpt)
-    s = eval_settings(config.eval, split=split, beam_size=beam_size, max_len=max_len,
+    s = eval_settings(config.eval, decoding, split=split, beam_size=beam_size, max_len=max_len,
                       figures=figures, max_refs=max_refs)
     captions = load_captions(config.data.captions)
     features = Features(config.data.features, config.data.max_regions, config.data.box_geometry)
@@ -83,11 +96,11 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
                    Path(ckpt["path"]))
     dev = pick_device(device)
     preds = predict(model.to(dev), vocab, eval_batches(captions, features, s.split, EVAL_BATCH),
-                    dev, beam_size=s.beam_size, max_len=s.max_len)
+                    dev, decoding=s.decoding)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / f"results_{s.split}.json",
-               [{"image_id": p.image_id, "caption": " ".join(p.words)} for p in preds])
+    write_json(out_dir / f"results_{s.split}.json", results_of(preds, s.n))
+    preds = [p for p in preds if p.rank == 1]  # what is scored and drawn
     references = load_references(captions.references_path(s.split))
     scores, statistics = scored_images({p.image_id: " ".join(p.words) for p in preds},
                                        references, spice=spice, max_refs=s.max_refs)
@@ -106,6 +119,15 @@ def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: s
         training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png", before=before,
                         labels=(_training_of(before), ckpt["table"]["training"]))
     return metrics
+
+
+def results_of(preds: list, n: int) -> list[dict]:
+    """The results file's entries: COCO's {image_id, caption} for one caption per image; with
+    ``n`` > 1 every caption, each with its ``rank`` (1: the one scored)."""
+    if n == 1:
+        return [{"image_id": p.image_id, "caption": " ".join(p.words)} for p in preds]
+    return [{"image_id": p.image_id, "caption": " ".join(p.words), "rank": p.rank}
+            for p in preds]
 
 
 def _training_of(log_path: Path | None) -> str:

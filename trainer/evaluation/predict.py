@@ -1,4 +1,5 @@
-"""Captions for a list of images from cached features: greedy or beam search, batched."""
+"""Captions for a list of images from cached features: greedy or beam search, batched, or as a
+:class:`~trainer.decoding_options.DecodingConfig` says (n captions per image among them)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pipeline.captions.vocab import Vocabulary
 from trainer.batch import EvalBatch
 from trainer.decode import beam_search, greedy
 from trainer.decoders.base import Decoder
+from trainer.decoding_options import DecodingConfig, decode
 
 
 @dataclass
@@ -22,12 +24,16 @@ class Prediction:
     logprob: float
     alphas: np.ndarray | None  # [len(words) + 1, L]: one row per word, then <eos>
     boxes: np.ndarray | None  # [L, 4] for region stores
+    rank: int = 1  # its place among its image's captions (n of them per image), from 1
 
 
 @torch.no_grad()
 def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], device: torch.device,
-            *, beam_size: int = 1, max_len: int = 16, autocast=nullcontext) -> list[Prediction]:
-    """Beam search (``beam_size`` > 1) or greedy decoding of every image of ``batches``."""
+            *, beam_size: int = 1, max_len: int = 16, autocast=nullcontext,
+            decoding: DecodingConfig | None = None) -> list[Prediction]:
+    """Beam search (``beam_size`` > 1) or greedy decoding of every image of ``batches``; with
+    ``decoding``, as it says (its beam size and length, not the arguments'): its ``n``
+    captions of each image adjacent, ranked."""
     was_training = model.training
     model.eval()
     out = []
@@ -36,8 +42,11 @@ def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], dev
             batch = batch.to(device)
             with autocast():
                 ctx = model.encode(batch.feats, batch.mask)
-                decoded = (beam_search(model, ctx, beam_size, max_len) if beam_size > 1
-                           else greedy(model, ctx, max_len))
+                if decoding is not None:
+                    decoded = decode(model, ctx, decoding, vocab)
+                else:
+                    decoded = (beam_search(model, ctx, beam_size, max_len) if beam_size > 1
+                               else greedy(model, ctx, max_len))
             out += _predictions(vocab, batch, decoded)
     finally:
         model.train(was_training)
@@ -48,12 +57,14 @@ def _predictions(vocab: Vocabulary, batch: EvalBatch, decoded) -> list[Predictio
     tokens = decoded.tokens.cpu().numpy()
     scores = decoded.scores.cpu().numpy()
     alphas = decoded.alphas.float().cpu().numpy() if decoded.alphas is not None else None
+    n = tokens.shape[0] // len(batch.image_ids)  # captions per image, adjacent
     preds = []
-    for k, image_id in enumerate(batch.image_ids):
-        words = vocab.decode(tokens[k])
+    for row in range(tokens.shape[0]):
+        k, image_id = row // n, batch.image_ids[row // n]
+        words = vocab.decode(tokens[row])
         valid = int(batch.mask[k].sum())
         preds.append(Prediction(
-            image_id, words, float(scores[k]),
-            alphas[k, :len(words) + 1, :valid] if alphas is not None else None,
-            batch.boxes[k, :valid].numpy() if batch.boxes is not None else None))
+            image_id, words, float(scores[row]),
+            alphas[row, :len(words) + 1, :valid] if alphas is not None else None,
+            batch.boxes[k, :valid].numpy() if batch.boxes is not None else None, row % n + 1))
     return preds

@@ -35,7 +35,7 @@ from trainer.scoring.metrics import table_columns
 LABEL_COLUMNS = ["Approach", "Training"]
 # the settings a column shows when they vary across the rows (metrics.json's "setting"), in order
 SETTING_COLUMNS = ("experiment", "decoder", "reward", "features", "seed", "beam", "max_len",
-                   "split", "max_refs")
+                   "decoding", "split", "max_refs")
 NA = "n/a"
 NONE = "-"  # a setting a row has none of (no reward: cross-entropy)
 EMPTY = {"experiment": "baseline"}  # what an empty setting reads as, where not NONE

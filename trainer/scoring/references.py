@@ -50,7 +50,9 @@ def _field(path, entry: Any, index: int, kind: str, name: str, check, expected: 
 
 
 def load_results(path: str | Path) -> dict[int, str]:
-    """A COCO results file (JSON list of {"image_id": int, "caption": str}) as {id: caption}."""
+    """A COCO results file (JSON list of {"image_id": int, "caption": str}) as {id: caption}.
+    Entries with a ``rank`` (n captions per image, as ``capstack evaluate`` writes them) count
+    by their rank 1 alone."""
     data = read_json(path)
     if not isinstance(data, list):
         raise CapstackError(f"{where(path)}: expected a JSON list of results, "
@@ -60,6 +62,9 @@ def load_results(path: str | Path) -> dict[int, str]:
         image_id = _field(path, entry, i, "entry", "image_id", _is_int, "an integer")
         caption = _field(path, entry, i, "entry", "caption",
                          lambda v: isinstance(v, str), "a string")
+        if "rank" in entry and _field(path, entry, i, "entry", "rank",
+                                      lambda v: _is_int(v) and v >= 1, "a whole number from 1") > 1:
+            continue
         if image_id in results:
             raise CapstackError(f"{where(path, f'entry {i}')}: duplicate image_id {image_id}")
         results[image_id] = caption
