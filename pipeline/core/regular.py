@@ -37,16 +37,7 @@ def open_regular(path: str | os.PathLike, what: str = "a file") -> BinaryIO:
     is one). Anything else is refused as ``PATH: not a regular file (a FIFO), never read
     (expected WHAT)``; ``FileNotFoundError`` and other OS errors are the caller's to name."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegular(f"{os.fspath(path)}: {not_regular(mode)}, never read (expected "
-                             f"{what})")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
+    return os.fdopen(_regular_or_closed(fd, path, "never read", what), "rb")
 
 
 def open_append(path: str | os.PathLike, what: str = "a log") -> TextIO:
@@ -61,16 +52,22 @@ def open_append(path: str | os.PathLike, what: str = "a log") -> TextIO:
             raise
         raise NotRegular(f"{os.fspath(path)}: {not_regular(stat.S_IFIFO)}, never written "
                          f"(expected {what})") from None
+    return os.fdopen(_regular_or_closed(fd, path, "never written", what), "a", encoding="utf-8")
+
+
+def _regular_or_closed(fd: int, path: str | os.PathLike, never: str, what: str) -> int:
+    """``fd``, made blocking, when it is open on a regular file (opened without blocking, so
+    that a FIFO never waited on); otherwise closed and refused naming ``path``."""
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotRegular(f"{os.fspath(path)}: {not_regular(mode)}, never written (expected "
+            raise NotRegular(f"{os.fspath(path)}: {not_regular(mode)}, {never} (expected "
                              f"{what})")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "a", encoding="utf-8")
+    return fd
 
 
 def read_bytes(path: str | os.PathLike, what: str = "a file") -> bytes:
