@@ -260,6 +260,19 @@ def _wait_for(predicate, timeout=60.0):
     raise AssertionError("condition not reached in time")
 
 
+def _lock_free(path: Path) -> bool:
+    """Whether no process holds the flock on ``path`` (a running-lock)."""
+    import fcntl
+
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
 def _partial_outputs(workdir: Path) -> list[Path]:
     data = workdir / "data"
     return [p for p in data.iterdir() if ".tmp-" in p.name] if data.exists() else []
@@ -272,6 +285,8 @@ def test_stage_killed_half_way_leaves_nothing_complete_then_reruns(capstack):
                           if p.is_dir() and (p / "images").exists()))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    # the stage's keeper holds its running-lock until the command it started is gone
+    _wait_for(lambda: _lock_free(capstack.workdir / ".capstack/running/stages.shapes.pid"))
     assert not (capstack.workdir / "data/shapes").exists()
     assert lock_entry(capstack, "shapes") is None
     assert states(capstack)["shapes"] == "never run"
