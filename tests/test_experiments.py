@@ -201,6 +201,19 @@ def test_seeds_run_once_each_as_their_own_experiments_and_are_skipped_when_done(
     assert "experiment seed1 does not change stage 'prepare'" in upstream
 
 
+def test_a_variant_run_at_its_own_seed_alone_is_evaluated_over_that_seed(project):
+    """``--seeds 0 --name V`` on a stage without a seed param, before any other seed of V has
+    run: seed 0 is V's own (its upstream stages' seed), not an experiment V-seed0."""
+    project.stage_cmd("run", "prepare", "--set", "min_count=1", "--name", "mc1")
+    project.stage_cmd("run", "train", "--seeds", "0", "--name", "mc1")
+    out = project.stage_cmd("run", "evaluate", "--seeds", "0", "--name", "mc1").output
+    assert "[mc1] Running stage 'evaluate'" in out
+    assert (project.workdir / "exps" / "mc1" / "evals" / "model" / "metrics.json").is_file()
+    refused = project.stage_cmd("run", "evaluate", "--seeds", "1", "--name", "mc1",
+                                expect_ok=False).output
+    assert "no experiment mc1-seed1" in refused
+
+
 def test_each_seeds_run_folder_has_its_own_lock_so_seeds_train_at_once(project):
     """capstack train leaves ``runs/NAME.lock`` beside its run folder. An experiment that
     reruns the stage writes its own ``runs/NAME``, so the lock beside it is its own too: one

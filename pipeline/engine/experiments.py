@@ -376,11 +376,14 @@ def _seed_run(file: StagesFile, workdir: Path, group: str, seed: int,
     if (folder_of(workdir, name) / MANIFEST).is_file():
         return read_experiment(workdir, name)
     group_params = read_experiment(workdir, group).params if group else {}
-    own = {group_params.get("seed", file.stages[r].params["seed"])
-           for e in experiments(workdir) if e.group == group and e.name != group
-           for r in e.roots if r in file.stages and "seed" in file.stages[r].params}
+    seeded = [r for e in experiments(workdir) if e.group == group and e.name != group
+              for r in e.roots if r in file.stages and "seed" in file.stages[r].params]
+    if not seeded:  # no other seed run yet: the seed of the stages upstream that have one
+        seeded = [u for u in file.upstream_closure(stage_name) if "seed" in file.stages[u].params]
+    own = {group_params.get("seed", file.stages[r].params["seed"]) for r in seeded}
     if own == {seed}:
         return read_experiment(workdir, group) if group else None
     raise CapstackError(f"--seeds: no experiment {name} for stage '{stage_name}', which has no "
                         f"param 'seed': run the seeds on a stage upstream that has one first "
                         f"(`capstack run STAGE --seeds ...`), then this stage over them")
+

@@ -223,6 +223,17 @@ class StagesFile:
                 reached.add(name)
         return [name for name in self.order if name in reached]
 
+    def upstream_closure(self, name: str) -> list[str]:
+        """Stages ``name`` depends on, directly or not, in run order."""
+        needed: set[str] = set()
+        todo = list(self.upstream[name])
+        while todo:
+            u = todo.pop()
+            if u not in needed:
+                needed.add(u)
+                todo.extend(self.upstream[u])
+        return [s for s in self.order if s in needed]
+
 
 # -- loading ---------------------------------------------------------------------------
 def load_stages_file(path: str | os.PathLike, commands: Iterable[str],

@@ -305,14 +305,7 @@ class Pipeline:
 
     def upstream_closure(self, name: str) -> list[str]:
         """Stages ``name`` depends on, directly or not, in run order."""
-        needed: set[str] = set()
-        todo = list(self.file.upstream[name])
-        while todo:
-            u = todo.pop()
-            if u not in needed:
-                needed.add(u)
-                todo.extend(self.file.upstream[u])
-        return [s for s in self.file.order if s in needed]
+        return self.file.upstream_closure(name)
 
     # -- running ------------------------------------------------------------------------
     def run(self, name: str, *, force: bool = False, with_deps: bool = False,
