@@ -11,6 +11,7 @@ import importlib
 import json
 import math
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -47,7 +48,8 @@ class NamesOf(click.Choice):
     is typed again here and a command that does not use it imports nothing for it."""
 
     def __init__(self, source: str):
-        self.source, self._names = source, None
+        self.source = source
+        self._names: tuple[str, ...] | None = None
         super().__init__(())
 
     @property
@@ -769,8 +771,9 @@ DECODING_OPTIONS = {
                                                "[eval.bad_endings]")),
     "--no-repeats/--allow-repeats": ("no_repeats", dict(
         default=None, help="No word twice in a row [eval.no_repeats]")),
-    "--n": ("n", dict(type=int, help="Captions per image: the beam's n best or n samples "
-                      "[eval.n]")),
+    "--n": ("n", dict(type=int, aliases=("--n-best",),
+                      help="Captions per image: the beam's n best or n samples; with n > 1 "
+                           "metrics.json's diversity.n_best says how varied they are [eval.n]")),
 }
 
 
@@ -788,12 +791,15 @@ def decoding_options(command):
         return command(decoding={f: v for f, v in given.items() if v is not None}, **kwargs)
 
     for flag, (field, settings) in reversed(DECODING_OPTIONS.items()):
-        run = click.option(flag, field, **{"default": None, **settings})(run)
+        settings = dict(settings)
+        aliases = settings.pop("aliases", ())  # other names of the option (--n-best for --n)
+        run = click.option(flag, *aliases, field, **{"default": None, **settings})(run)
     return run
 
 
 @stage_command("evaluate", code="trainer.evaluation.evaluate")
-@click.argument("target", type=click.Path(path_type=Path))
+@click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path),
+                metavar="TARGET...")
 @click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Score TARGET as a COCO results file against these references.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -812,17 +818,26 @@ def decoding_options(command):
               help="Score against each image's first N references, 0 all "
                    "[the experiment's eval.max_refs].")
 @click.option("--device", default="auto", show_default=True)
+@click.option("--ensemble", is_flag=True,
+              help="Decode with the runs TARGET... as one: each word's probability the mean of "
+                   "theirs (one vocabulary, the same features) [evals/ensemble-A+B beside the "
+                   "first run's].")
 @decoding_options
-def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_refs, device,
-                 decoding):
+def evaluate_cmd(targets, refs, out_dir, split, beam_size, max_len, figures, max_refs, device,
+                 ensemble, decoding):
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
-    eval: section says unless options override it; or score RESULTS --refs REFS. The decoding
-    options (--search, --sample-method, ..., --n) are docs/training.md's "Decoding options"."""
+    eval: section says unless options override it; several with --ensemble, as one model; or
+    score RESULTS --refs REFS. The decoding options (--search, --sample-method, ..., --n) are
+    docs/training.md's "Decoding options"."""
     from trainer.evaluation.evaluate import evaluate_checkpoint
     from trainer.runs import evaluation_folder
     from trainer.scoring.metrics import score_files
 
+    target = several_need_ensemble(targets, ensemble, "TARGET")
     if refs is not None:
+        if ensemble:
+            raise click.UsageError("--ensemble: only for runs; with --refs TARGET is a results "
+                                   "file, already decoded")
         given = [name for name, value in (("--split", split), ("--beam", beam_size),
                                           ("--max-len", max_len), ("--figures", figures))
                  if value is not None]
@@ -839,13 +854,31 @@ def evaluate_cmd(target, refs, out_dir, split, beam_size, max_len, figures, max_
             write_json(out_dir / "metrics.json", scores)
             write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
     else:
-        out_dir = out_dir or evaluation_folder(target)
-        scores = evaluate_checkpoint(target, out_dir, split=split, beam_size=beam_size,
-                                     max_len=max_len, figures=figures, max_refs=max_refs,
-                                     device=device, decoding=decoding)
+        out_dir = out_dir or (ensemble_folder(targets, evaluation_folder) if ensemble
+                              else evaluation_folder(target))
+        scores = evaluate_checkpoint(list(targets) if ensemble else target, out_dir,
+                                     split=split, beam_size=beam_size, max_len=max_len,
+                                     figures=figures, max_refs=max_refs, device=device,
+                                     decoding=decoding)
     _echo_scores(scores)
     if out_dir:
         click.echo(f"-> {out_dir}/metrics.json")
+
+
+def several_need_ensemble(given: Sequence[Path], ensemble: bool, name: str) -> Path:
+    """The one run given (the first with ``--ensemble``); several without it are refused."""
+    if len(given) > 1 and not ensemble:
+        raise click.UsageError(f"{name}: {len(given)} runs given ({', '.join(map(str, given))}): "
+                               f"add --ensemble to decode them as one, or give one run")
+    return given[0]
+
+
+def ensemble_folder(targets: Sequence[Path], evaluation_folder) -> Path:
+    """An ensemble's evaluation folder: ``ensemble-A+B`` beside the first run's (A, B the runs'
+    evaluation folder names), so it never takes the place of a run's own evaluation."""
+    first = evaluation_folder(targets[0])
+    names = "+".join(evaluation_folder(t).name for t in targets)
+    return first.with_name(f"ensemble-{names}")
 
 
 def _echo_scores(scores: dict) -> None:
@@ -858,8 +891,9 @@ def _echo_scores(scores: dict) -> None:
 
 
 @main.command("caption")
-@click.option("--checkpoint", required=True, type=click.Path(path_type=Path),
-              help="A checkpoint (or run folder: its best.pt).")
+@click.option("--checkpoint", "checkpoints", required=True, multiple=True,
+              type=click.Path(path_type=Path),
+              help="A checkpoint (or run folder: its best.pt); several with --ensemble.")
 @click.argument("images", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--attention", type=OutputFile(), default=None,
@@ -870,8 +904,11 @@ def _echo_scores(scores: dict) -> None:
 @click.option("--max-len", default=16, show_default=True,
               type=click.IntRange(1, MAX_CAPTION_WORDS))
 @click.option("--device", default="auto", show_default=True)
+@click.option("--ensemble", is_flag=True,
+              help="Decode with every --checkpoint as one: each word's probability the mean of "
+                   "theirs (one vocabulary, the same features; no attention).")
 @decoding_options
-def caption_cmd(checkpoint, images, attention, beam_size, max_len, device, decoding):
+def caption_cmd(checkpoints, images, attention, beam_size, max_len, device, ensemble, decoding):
     """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores.
     The decoding options other than --beam and --max-len default to the experiment's eval:
     values; with --n N each image's N captions are printed with their rank."""
@@ -879,8 +916,13 @@ def caption_cmd(checkpoint, images, attention, beam_size, max_len, device, decod
     from pipeline.features.extract.rebuild import image_extractor
     from trainer.evaluation.caption import caption_files
 
+    checkpoint = several_need_ensemble(checkpoints, ensemble, "--checkpoint")
+    if ensemble and attention is not None:
+        raise click.UsageError("--attention: an ensemble draws no attention (no member's "
+                               "attention is the ensemble's); caption without --attention, or "
+                               "draw one run's")
     dev = pick_device(device)
-    captions = caption_files(checkpoint, list(images),
+    captions = caption_files(list(checkpoints) if ensemble else checkpoint, list(images),
                              lambda meta, where: image_extractor(meta, where, dev),
                              beam_size=beam_size, max_len=max_len, attention=attention,
                              device=dev, decoding=decoding)

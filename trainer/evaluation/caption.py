@@ -21,6 +21,7 @@ from trainer.checkpoint import load_checkpoint
 from trainer.config import from_dict
 from trainer.data import batch_from_records, combine
 from trainer.decoding_options import DecodingConfig
+from trainer.evaluation.ensembles import load_ensemble
 from trainer.evaluation.evaluate import load_model
 from trainer.evaluation.figures import attention_figure
 from trainer.evaluation.predict import predict
@@ -64,7 +65,7 @@ def attention_files(pattern: Path, images: Sequence[Path]) -> list[Path]:
 CAPTION_BATCH = 16  # images decoded, extracted and beam-searched at once
 
 
-def caption_files(checkpoint: str | Path, paths: Sequence[Path],
+def caption_files(checkpoint: str | Path | Sequence[str | Path], paths: Sequence[Path],
                   extractor_for: Callable[[dict, str], Callable], *, beam_size: int = 5,
                   max_len: int = 16, attention: Path | None = None, device="cpu",
                   decoding: DecodingConfig | Mapping[str, Any] | None = None) -> list[Caption]:
@@ -76,10 +77,17 @@ def caption_files(checkpoint: str | Path, paths: Sequence[Path],
     The decoding is the experiment's ``eval:`` options with ``beam_size`` and ``max_len``, then
     ``decoding`` laid over them (a mapping: the options it names; a :class:`DecodingConfig`:
     all); with n captions per image, an image's come adjacent, ranked, and its picture is its
-    first's."""
+    first's. ``checkpoint`` as a list (or tuple), even of one: the runs' ensemble
+    (trainer/ensemble.py), the first run's extractors and ``eval:`` options; it draws no
+    attention."""
     figures = attention_files(attention, paths) if attention is not None else None
-    ckpt = load_checkpoint(checkpoint)
-    model, vocab, config = load_model(ckpt)
+    if not isinstance(checkpoint, (str, Path)):  # a list of runs
+        loaded = load_ensemble(list(checkpoint))  # refused unless one vocabulary and features
+        ckpt, model, vocab, config = (loaded.members[0].checkpoint, loaded.model, loaded.vocab,
+                                      loaded.config)
+    else:
+        ckpt = load_checkpoint(checkpoint)
+        model, vocab, config = load_model(ckpt)
     model = model.to(device)
     if isinstance(decoding, DecodingConfig):
         decoding = asdict(decoding)

@@ -5,7 +5,9 @@
 with its ``rank`` from 1, and rank 1 is the one scored), ``metrics.json`` (approach,
 metrics, the reason of every unavailable metric, tokenizer, checkpoint, and under
 ``"diversity"`` how varied the predicted captions are: distinct-1/2, vocabulary used,
-unique captions, mean length; trainer/scoring/metrics/),
+unique captions, mean length; trainer/scoring/metrics/; with n > 1, under
+``"diversity"."n_best"``, those of every caption and mBLEU-4:
+trainer/scoring/n_best_diversity.py),
 ``image_statistics.json`` (each image's statistics of the metrics that have some: what
 ``capstack report --compare`` resamples), ``attention/<image id>.png`` for the first few
 images and ``curves.png``.
@@ -18,7 +20,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
@@ -35,9 +37,11 @@ from trainer.evaluation.figures import training_curves
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
 from trainer.scoring.metrics import STATISTICS_FILE, scored_images
+from trainer.scoring.n_best_diversity import n_best_diversity
 from trainer.scoring.references import load_references
 
 EVAL_BATCH = 50
+N_BEST = "n_best"  # metrics.json's diversity.n_best: the figures over every caption (n > 1)
 
 
 def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary, ExperimentConfig]:
@@ -75,50 +79,104 @@ def eval_settings(saved: EvalConfig, decoding: DecodingConfig | Mapping[str, Any
     return from_dict(EvalConfig, chosen, "capstack evaluate", "eval.")
 
 
-def evaluate_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, split: str | None = None,
-                        beam_size: int | None = None, max_len: int | None = None,
-                        figures: int | None = None, max_refs: int | None = None,
-                        device: str = "auto", spice: bool = True,
+def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: str | Path, *,
+                        split: str | None = None, beam_size: int | None = None,
+                        max_len: int | None = None, figures: int | None = None,
+                        max_refs: int | None = None, device: str = "auto", spice: bool = True,
                         decoding: DecodingConfig | Mapping[str, Any] | None = None) -> dict:
     """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given.
     ``decoding`` lays decoding options over the experiment's (trainer/decoding_options.py):
     a mapping such as ``{"search": "diverse", "group_size": 2}``, or a whole
-    :class:`DecodingConfig`."""
-    ckpt = load_checkpoint(checkpoint)
-    model, vocab, config = load_model(ckpt)
+    :class:`DecodingConfig`. ``checkpoint`` as a list (or tuple), even of one: the runs'
+    ensemble (trainer/ensemble.py), decoded with the first run's data and ``eval:`` settings."""
+    loaded = _load(checkpoint)
+    model, vocab, config = loaded.model, loaded.vocab, loaded.config
     s = eval_settings(config.eval, decoding, split=split, beam_size=beam_size, max_len=max_len,
                       figures=figures, max_refs=max_refs)
     captions = load_captions(config.data.captions)
     features = Features(config.data.features, config.data.max_regions, config.data.box_geometry)
     captions = covered(captions, features)
-    check_identity(ckpt["identity"], identity(config.decoder.name, asdict(config.decoder.config),
-                                              captions.vocab.itow, features.describe()),
-                   Path(ckpt["path"]))
+    for member in loaded.members:
+        ckpt, member_config = member.checkpoint, member.config
+        check_identity(ckpt["identity"],
+                       identity(member_config.decoder.name, asdict(member_config.decoder.config),
+                                captions.vocab.itow, features.describe()), Path(ckpt["path"]))
     dev = pick_device(device)
     preds = predict(model.to(dev), vocab, eval_batches(captions, features, s.split, EVAL_BATCH),
                     dev, decoding=s.decoding)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / f"results_{s.split}.json", results_of(preds, s.n))
+    every_caption = captions_by_image(preds)
     preds = [p for p in preds if p.rank == 1]  # what is scored and drawn
     references = load_references(captions.references_path(s.split))
     scores, statistics = scored_images({p.image_id: " ".join(p.words) for p in preds},
                                        references, spice=spice, max_refs=s.max_refs)
-    metrics = {"approach": config.name, "objective": config.objective.name, **ckpt["table"],
-               **scores, **dataclasses.asdict(s), "checkpoint": ckpt["path"],
-               "epoch": ckpt["best_epoch"] + 1, "setting": setting_of(config, s, ckpt["path"])}
+    if s.n > 1:
+        scores["diversity"] = {**scores.get("diversity", {}),
+                               N_BEST: n_best_diversity(every_caption)}
+    row = row_of(loaded, s)
+    what = {key: row.pop(key) for key in ("checkpoint", "epoch", "setting")}
+    metrics = {**row, **scores, **dataclasses.asdict(s), **what}
     write_json(out_dir / "metrics.json", metrics)
     write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
-    if s.figures:
+    if s.figures:  # an ensemble's steps give no attention: no attention pictures
         pictures = Pictures(preds[:s.figures], vocab, features, captions, out_dir, dev, s.max_len)
         pictures.attention()
         model.figures(pictures)  # what else the decoder shows (stages, goals)
-    run_dir = Path(ckpt["path"]).parent
-    if (run_dir / "metrics.jsonl").is_file():
+    run_dir = Path(loaded.members[0].checkpoint["path"]).parent
+    if not loaded.ensemble and (run_dir / "metrics.jsonl").is_file():
         before = _starting_log(config.train.init_from)
         training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png", before=before,
-                        labels=(_training_of(before), ckpt["table"]["training"]))
+                        labels=(_training_of(before), loaded.members[0].checkpoint["table"]
+                                ["training"]))
     return metrics
+
+
+def _load(checkpoint: str | Path | Sequence[str | Path]):
+    """One run (its decoder) or, given a list, their ensemble, as a
+    :class:`~trainer.evaluation.ensembles.LoadedEnsemble` (``ensemble`` False for one run)."""
+    from trainer.evaluation.ensembles import LoadedEnsemble, Member, load_ensemble
+
+    if not isinstance(checkpoint, (str, Path)):  # a list of runs
+        return load_ensemble(list(checkpoint))
+    ckpt = load_checkpoint(checkpoint)
+    model, vocab, config = load_model(ckpt)
+    return LoadedEnsemble(model, vocab, [Member(ckpt, config)], ensemble=False)
+
+
+def row_of(loaded, s: EvalConfig) -> dict:
+    """metrics.json's account of what was evaluated: the approach, objective, training labels,
+    checkpoint, epoch and :func:`setting_of`. An ensemble's approach is ``ensemble: NAMES``,
+    its checkpoints and epochs are lists, and its setting joins the members' runs, decoders,
+    objectives, rewards and seeds with ``+`` and counts them under ``ensemble``."""
+    from trainer.evaluation.ensembles import RUN_JOIN, joined
+
+    members = loaded.members
+    settings = [setting_of(m.config, s, m.checkpoint["path"]) for m in members]
+    first = members[0]
+    if not loaded.ensemble:
+        return {"approach": first.config.name, "objective": first.config.objective.name,
+                **first.checkpoint["table"], "checkpoint": first.checkpoint["path"],
+                "epoch": first.checkpoint["best_epoch"] + 1, "setting": settings[0]}
+    tables = [m.checkpoint["table"] for m in members]
+    setting = {**settings[0], "run": RUN_JOIN.join(x["run"] for x in settings),
+               **{key: joined([x[key] for x in settings])
+                  for key in ("decoder", "objective", "reward", "seed")},
+               "ensemble": len(members)}
+    return {"approach": f"ensemble: {joined([m.config.name for m in members])}",
+            "objective": setting["objective"],
+            **{key: joined([t.get(key, "") for t in tables]) for key in tables[0]},
+            "checkpoint": [m.checkpoint["path"] for m in members],
+            "epoch": [m.checkpoint["best_epoch"] + 1 for m in members], "setting": setting}
+
+
+def captions_by_image(preds: list) -> dict[int, list[list[str]]]:
+    """Every caption of each image, in rank order: what the n-best diversity figures read."""
+    by_image: dict[int, list[list[str]]] = {}
+    for p in preds:
+        by_image.setdefault(p.image_id, []).append(p.words)
+    return by_image
 
 
 def results_of(preds: list, n: int) -> list[dict]:

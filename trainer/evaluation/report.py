@@ -7,9 +7,9 @@ cross-entropy first, then reinforcement. The report reads metrics.json files
 only; it knows no objective.
 
 Rows say what differs between them: of the settings evaluate records (``setting``: the named
-experiment whose stage ran it, the decoder, the reward, the features, the seed, the beam, the
-decoding length, the split, the references scored against), each that varies across the rows
-is a column after Training;
+experiment whose stage ran it, the number of runs of an ensemble, the decoder, the reward, the
+features, the seed, the beam, the decoding length, the split, the references scored against),
+each that varies across the rows is a column after Training;
 the run's folder too when rows would otherwise read the same. The table is written as
 markdown, CSV and JSON.
 """
@@ -34,8 +34,8 @@ from trainer.scoring.metrics import table_columns
 
 LABEL_COLUMNS = ["Approach", "Training"]
 # the settings a column shows when they vary across the rows (metrics.json's "setting"), in order
-SETTING_COLUMNS = ("experiment", "decoder", "reward", "features", "seed", "beam", "max_len",
-                   "decoding", "split", "max_refs")
+SETTING_COLUMNS = ("experiment", "ensemble", "decoder", "reward", "features", "seed", "beam",
+                   "max_len", "decoding", "split", "max_refs")
 NA = "n/a"
 NONE = "-"  # a setting a row has none of (no reward: cross-entropy)
 EMPTY = {"experiment": "baseline"}  # what an empty setting reads as, where not NONE
