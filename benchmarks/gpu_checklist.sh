@@ -45,6 +45,9 @@ part extract_grid "${PART_GRID:-70}" python3 benchmarks/extraction.py --device c
   --batch 16 --workers 8 --against-cpu 2
 part extract_regions "${PART_REGIONS:-90}" python3 benchmarks/extraction.py --detector vg \
   --device cuda --images 8 --batch 2 --workers 4 --against-cpu 1
+# the bottom-up rule's region selection: every class at once against the per-class loop,
+# 300 proposals x 1,600 classes (docs/benchmarks.md, "Region selection")
+part region_selection "${PART_SELECTION:-60}" python3 benchmarks/region_selection.py --device cuda
 # the whole suite with the GPU visible, in what time is left: each failure named. Its CLI tests
 # run the installed entry point beside the interpreter: where capstack is not installed (a
 # machine with no registry), a two-line one from this checkout takes its place.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from pipeline.features.stores import open_store
 
 CONFIG = DetectorConfig(resnet=ResNetShape(blocks=(1, 1, 1, 1), width=8), num_classes=6,
                         num_attributes=5, rpn_channels=16, min_size=64, max_size=96)
-SIZES = {"min_size": 64, "max_size": 96}
+SIZES: dict[str, Any] = {"min_size": 64, "max_size": 96}  # load_detector keywords
 FIELDS = ("features", "boxes", "scores", "classes", "attributes", "attribute_scores")
 OBJECTS = ["cat", "dog", "tree", "sky, heavens", "car"]
 ATTRIBUTES = ["red", "tall", "wooden", "blue"]
@@ -39,11 +40,11 @@ ATTRIBUTES = ["red", "tall", "wooden", "blue"]
 
 # --------------------------------------------------------------------------- helpers
 
-def random_detector(seed: int = 0) -> BottomUpDetector:
+def random_detector(seed: int = 0, config: DetectorConfig = CONFIG) -> BottomUpDetector:
     """The tiny VG-shaped detector with every saved weight and norm buffer random (the
     anchors, a buffer no checkpoint holds, stay Caffe's)."""
     torch.manual_seed(seed)
-    model = BottomUpDetector(CONFIG)
+    model = BottomUpDetector(config)
     with torch.no_grad():
         for name, t in model.state_dict().items():
             if name.endswith("running_var"):
@@ -344,7 +345,7 @@ def vocab(path, names):
     return str(path)
 
 
-def bottom_up_settings(weights, tmp_path, **kw) -> RegionSettings:
+def bottom_up_settings(weights, tmp_path, **kw):  # a RegionSettings (a function: no type)
     return RegionSettings(**{"arch": "bottom-up", "weights": str(weights), "min_boxes": 3,
                              "max_boxes": 5, "min_size": 64, "max_size": 96, "top_attributes": 2,
                              "objects_vocab": vocab(tmp_path / "objects_vocab.txt", OBJECTS),
