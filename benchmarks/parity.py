@@ -16,7 +16,10 @@ Peers and their checks:
   (``--karpathy FILE`` adds a json of yours, e.g. dataset_coco.json, to the drawn one);
   ``transformer``, capstack's Transformer decoder given the peer's TransformerModel weights;
   ``evaluation``, capstack's metrics against its ``eval_utils.language_eval`` on the same
-  captions (its ``coco-caption`` submodule needed: clone with ``--recursive``).
+  captions (its ``coco-caption`` submodule needed: clone with ``--recursive``);
+  ``checkpoints``, ``capstack import-checkpoint rtl`` on UpDown and Transformer checkpoints its
+  own code saved: teacher-forced log-probabilities, and greedy, beam, length-penalised,
+  diverse, constrained and top-k/top-p decoding against its own.
 - mmf (https://github.com/facebookresearch/mmf; ``requests``, ``filelock`` and ``omegaconf``
   importable): ``mmf``, ``extract-regions --arch bottom-up --reference mmf`` against its
   ``tools/scripts/features/frcnn`` run on the same checkpoint, one its own modules wrote.
@@ -32,12 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.peer_parity import Difference, PeerKind, recognise  # noqa: E402
-from benchmarks.peer_parity import evaluation, mmf, transformer, vocab  # noqa: E402
+from benchmarks.peer_parity import (checkpoints, evaluation, mmf, transformer,  # noqa: E402
+                                   vocab)
 
 PEERS = [
     PeerKind("self-critical.pytorch", "captioning/models/TransformerModel.py",
              "https://github.com/ruotianluo/self-critical.pytorch",
-             (vocab.check, transformer.check, evaluation.check)),
+             (vocab.check, transformer.check, evaluation.check, checkpoints.check)),
     PeerKind("mmf", "tools/scripts/features/frcnn/modeling_frcnn.py",
              "https://github.com/facebookresearch/mmf", (mmf.check,)),
 ]
