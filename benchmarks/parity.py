@@ -5,9 +5,10 @@ Give each peer as a checkout (fetch it; nothing of it is copied into capstack):
     python benchmarks/parity.py --peer DIR [--peer DIR ...]
 
 Each peer is recognised by its files and runs the checks that need it
-(benchmarks/peer_parity/). Every row prints what was compared, the largest
-difference seen and its bound; the script exits 1 if any row is outside its bound.
-Rows without a bound are known differences, stated with their size.
+(benchmarks/peer_parity/); ``--check NAME`` (repeatable) runs those named only. Every row
+prints what was compared, the largest difference seen and its bound; the script exits 1 if
+any row is outside its bound. Rows without a bound are known differences, stated with their
+size.
 
 Peers and their checks:
 - self-critical.pytorch (https://github.com/ruotianluo/self-critical.pytorch; its
@@ -61,13 +62,16 @@ def main(argv=None) -> int:
                     help="a peer's checkout (repeat for several peers)")
     ap.add_argument("--karpathy", type=Path, action="append", default=[],
                     help="a Karpathy json the vocabulary check runs on too (repeatable)")
+    ap.add_argument("--check", action="append", default=[], metavar="NAME",
+                    help="run only this check of each peer (repeatable; e.g. checkpoints)")
     args = ap.parse_args(argv)
     rows: list[Difference] = []
     for folder in args.peer:
         kind = recognise(folder.resolve(), PEERS)
         print(f"{kind.name}: {folder}")
         for check in kind.checks:
-            rows += check(folder.resolve(), args)
+            if not args.check or check.__module__.rpartition(".")[2] in args.check:
+                rows += check(folder.resolve(), args)
     print_rows(rows)
     failed = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(failed)} of {len(rows)} rows within their bounds")

@@ -47,6 +47,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,9 +68,10 @@ LOGIT_SCALE = 8.0
 EOS_BIAS = {"updown": 6.0, "transformer": 16.0}  # its logits after LayerNorm run larger
 FORCED = 1e-7  # float64; the import rounds UpDown's folded attention bias to float32 once
 BOUND = 1e-5  # capstack's searches score in float32
-SIZES = {"updown": dict(input_encoding_size=512, rnn_size=512, att_hid_size=512),
-         "transformer": dict(input_encoding_size=512, rnn_size=2048, num_layers=3,
-                             num_att_heads=8, dropout=0.1)}
+SIZES: dict[str, dict[str, Any]] = {
+    "updown": dict(input_encoding_size=512, rnn_size=512, att_hid_size=512),
+    "transformer": dict(input_encoding_size=512, rnn_size=2048, num_layers=3, num_att_heads=8,
+                        dropout=0.1)}
 
 
 # ----------------------------------------------------------------------- the data
@@ -150,7 +152,7 @@ def recorded_categoricals(log: list):
     """The peer's sampling draws from torch.distributions.Categorical: its logits kept."""
     original = torch.distributions.Categorical
 
-    class Recording(original):
+    class Recording(torch.distributions.Categorical):
         def __init__(self, *args, logits=None, **kwargs):
             log.append(logits.detach().clone())
             super().__init__(*args, logits=logits, **kwargs)
@@ -173,7 +175,7 @@ def peer_decode(model, fc, att, mask, options: dict):
 
 def caption_of(tokens) -> tuple[list[int], int]:
     """A peer caption's word indices and its token count (the words, and 0 when it ended)."""
-    out = []
+    out: list[int] = []
     for t in tokens.tolist():
         if t == 0:
             return out, len(out) + 1

@@ -24,8 +24,9 @@ parameters have nn.LayerNorm's names (``weight``, ``bias``).
 Parity. ``python benchmarks/parity.py --peer SELF_CRITICAL_CHECKOUT`` gives this decoder
 (``norm_first: true, region_norm: false``) the weights of self-critical.pytorch's
 TransformerModel and compares the log-probabilities of both, teacher forced and word by word,
-in float64: equal to 1e-9 once the peer's LayerNorm (the Annotated Transformer's: unbiased
-std, eps outside the root) is given torch's formula, the one difference it reports. The
+in float64: equal to 1e-9 with ``layer_norm: unbiased_std`` (the peer's own LayerNorm, the
+Annotated Transformer's: unbiased std, eps outside the root), and with the default once the
+peer's is given torch's formula. The
 post-norm default follows the paper and xmodaler; it was not run beside xmodaler.
 
 Box geometry. With ``data.box_geometry: true`` each region's feature arrives with

@@ -188,7 +188,8 @@ class Weights:
     """The peer's state_dict, each key taken once; what is left over is refused."""
 
     def __init__(self, state: dict[str, Tensor], source: str):
-        self.state, self.source, self.taken = state, source, set()
+        self.state, self.source = state, source
+        self.taken: set[str] = set()
 
     def __call__(self, key: str) -> Tensor:
         if key not in self.state:
