@@ -499,6 +499,29 @@ def _key_values(pairs, option: str) -> dict[str, str]:
     return out
 
 
+@main.command("import-checkpoint")
+@click.argument("kind", metavar="KIND", type=NamesOf("trainer.imports:CHECKPOINT_FORMATS"))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The run folder to write (its best.pt).")
+@click.option("--captions", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The prepared captions it is used with (`capstack prepare`): the same words.")
+@click.option("--features", multiple=True, required=True, type=click.Path(path_type=Path),
+              help="The feature store(s) it reads (repeatable), of the checkpoint's size.")
+@click.option("--max-regions", default=0, show_default=True, type=click.IntRange(0, MAX_BOXES),
+              help="Regions read per image; 0: all.")
+def import_checkpoint_cmd(kind, sources, out, captions, features, max_regions):
+    """Another toolkit's checkpoint as a capstack run folder (rtl: self-critical.pytorch's
+    MODEL.pth INFOS.pkl, its updown/topdown and transformer models), for evaluate, caption and
+    train.init_from. docs/training.md: "Checkpoints of self-critical.pytorch"."""
+    from trainer.imports import import_checkpoint
+
+    done = import_checkpoint(kind, list(sources), out, captions, list(features), max_regions)
+    click.echo(f"{done.decoder} decoder, {done.parameters:,} parameters -> {done.checkpoint}")
+    for note in done.notes:
+        click.echo(f"  note: {note}")
+
+
 @main.command("export-features")
 @click.argument("store", type=click.Path(path_type=Path))
 @click.argument("layout", type=NamesOf("pipeline.features.interchange.formats:WRITERS"))

@@ -57,6 +57,7 @@ def test_the_plug_packages_are_the_ones_the_toolkit_names():
         "pipeline.features.extract.kinds": ["EXTRACTORS"],
         "pipeline.features.interchange.formats": ["FORMATS", "WRITERS"],
         "trainer.decoders": ["DECODERS"],
+        "trainer.imports": ["CHECKPOINT_FORMATS"],
         "trainer.objectives": ["OBJECTIVES"],
         "trainer.optimizers": ["OPTIMIZERS"],
         "trainer.rewards": ["REWARDS"],

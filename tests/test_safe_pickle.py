@@ -56,3 +56,16 @@ def test_garbage_is_a_clear_error():
         safe_pickle.loads(b"\x80\x04garbage", "f.pkl")
     with pytest.raises(CapstackError, match="f.npz: not an .npz archive"):
         safe_pickle.load_npz(b"PK\x03\x04 truncated", "f.npz")
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_namespace_reads_only_when_asked(protocol):
+    """self-critical.pytorch's infos pickle keeps its options in an argparse.Namespace."""
+    import argparse
+
+    options = argparse.Namespace(caption_model="updown", rnn_size=512, vocab=None, ids=[1, 2])
+    data = pickle.dumps({"opt": options}, protocol=protocol)
+    read = safe_pickle.loads(data, "infos.pkl", namespaces=True)["opt"]
+    assert type(read) is argparse.Namespace and read == options
+    with pytest.raises(safe_pickle.RefusedPickle, match="argparse.Namespace"):
+        safe_pickle.loads(data, "infos.pkl")

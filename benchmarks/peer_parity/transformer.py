@@ -12,11 +12,12 @@ ids. Compared:
   ``get_logprobs_state`` loop (which decodes the whole prefix again at each word);
 - the greedy word at each position.
 
-One difference is known and stated rather than bounded: the peer's LayerNorm is the
-Annotated Transformer's, ``a (x - mean) / (std + 1e-6) + b`` with the unbiased std, where
-capstack uses ``torch.nn.LayerNorm``, ``a (x - mean) / sqrt(var + 1e-5) + b``. The check
-runs the peer twice: with its own LayerNorm (the difference is reported), then with that
-one method given torch's formula, where everything must agree to 1e-9.
+The peer's LayerNorm is the Annotated Transformer's, ``a (x - mean) / (std + 1e-6) + b`` with
+the unbiased std, where capstack's default is ``torch.nn.LayerNorm``, ``a (x - mean) /
+sqrt(var + 1e-5) + b``. The check runs three ways: capstack's default against the peer's own
+LayerNorm (a stated difference, reported), against the peer with that one method given
+torch's formula, and capstack's ``layer_norm: unbiased_std`` (what ``capstack
+import-checkpoint rtl`` sets) against the peer's own; the last two must agree to 1e-9.
 """
 
 from __future__ import annotations
@@ -167,4 +168,9 @@ def check(peer_dir: Path, options) -> list[Difference]:
                             peer_log_probs(peer, feats, mask, words), BOUND)
         finally:
             peer_module.LayerNorm.forward = own
+        config.layer_norm = "unbiased_std"
+        same = build_decoder("transformer", config, VOCAB, DIM).double().eval()
+        load_peer_weights(same, peer)
+        rows += compare("layer_norm: unbiased_std, the peer's own", our_log_probs(
+            same, feats, mask, words), peer_log_probs(peer, feats, mask, words), BOUND)
     return rows

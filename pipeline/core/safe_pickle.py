@@ -6,11 +6,15 @@ callable and have it called, so ``pickle.load`` or ``np.load(allow_pickle=True)`
 on a file a user downloaded would run whatever it says. Here a pickle may build
 only plain containers (dict, list, tuple, set), numbers, strings, bytes and
 numpy arrays, dtypes and scalars; anything else is refused, naming the file and
-the key, before it is called.
+the key, before it is called. A caller that reads a file known to hold an
+``argparse.Namespace`` (self-critical.pytorch's ``infos`` pickle keeps its options in one) asks
+for it (``namespaces=True``): a Namespace then builds as an empty object whose attributes are
+set from a dict of plain values, and nothing of argparse runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import math
 import pickle
@@ -36,7 +40,9 @@ ALLOWED = {
 }
 # copyreg._reconstructor calls base.__new__(cls, state): only a bare object (ndarray.__new__
 # would allocate whatever shape the state says).
-_RECONSTRUCTABLE = {object}
+_RECONSTRUCTABLE: set[type] = {object}
+NAMESPACE = ("argparse", "Namespace")  # read only when the caller asks (namespaces=True)
+OBJECT = {("builtins", "object"), ("__builtin__", "object")}  # with it, as protocols 0, 1 need
 
 
 MAX_BUILT = 1 << 22  # elements a pickle may make from a few bytes (range, bytearray(n), sets)
@@ -56,19 +62,24 @@ class _PlainDataUnpickler(pickle._Unpickler):
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, file: IO[bytes], where: str):
+    def __init__(self, file: IO[bytes], where: str, namespaces: bool = False):
         super().__init__(file, encoding="latin1")  # Python 2 pickles: str -> bytes as latin1
         self.where = where
         self.built = 0
+        self.namespaces = namespaces
 
     def find_class(self, module: str, name: str):
+        if self.namespaces and (module, name) == NAMESPACE:
+            return argparse.Namespace
+        if self.namespaces and (module, name) in OBJECT:  # protocols 0, 1: the Namespace's base
+            return object
         if (module, name) not in ALLOWED:
             raise RefusedPickle(f"{self.where}: refusing to unpickle {module}.{name}: only plain "
                                 f"containers, numbers, strings and numpy arrays are read from "
                                 f"feature files (nothing in them is run)")
         found = super().find_class(module, name)
         if name == "_reconstructor":
-            return _checked_reconstructor(found, self.where)
+            return _checked_reconstructor(found, self.where, self.namespaces)
         if name == "_reconstruct":
             return self._reconstruct(found)
         if name == "ndarray":
@@ -106,12 +117,23 @@ class _PlainDataUnpickler(pickle._Unpickler):
             _check_array_state(state, self.where)
         elif isinstance(inst, np.dtype):
             _check_dtype_state(state, self.where)
+        elif type(inst) is argparse.Namespace:
+            _check_namespace_state(state, self.where)
         else:
             raise RefusedPickle(f"{self.where}: refusing to set the state of a "
                                 f"{type(inst).__name__}")
         super().load_build()
 
     dispatch[pickle.BUILD[0]] = load_build  # type: ignore[assignment]  # typeshed: Unpickler's only
+
+    def load_newobj(self):
+        """``cls.__new__(cls, *args)`` (protocol 2 and up): an empty Namespace only."""
+        args, cls = self.stack[-1], self.stack[-2]
+        if cls is not argparse.Namespace or args:
+            raise RefusedPickle(f"{self.where}: refusing to create a {cls!r} from a pickle")
+        super().load_newobj()
+
+    dispatch[pickle.NEWOBJ[0]] = load_newobj  # type: ignore[assignment]
 
     def persistent_load(self, pid):
         raise RefusedPickle(f"{self.where}: refusing a pickle with persistent ids")
@@ -177,22 +199,33 @@ def _check_dtype_state(state, where: str) -> None:
                             f"(feature files hold plain numeric arrays)")
 
 
-def _checked_reconstructor(reconstructor, where: str):
+def _check_namespace_state(state, where: str) -> None:
+    """A Namespace's pickled state: its attributes, a dict of names (the values are plain
+    data, the only kind this unpickler builds)."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) and k.isidentifier()
+                                              for k in state):
+        raise RefusedPickle(f"{where}: a Namespace pickled with other than a dict of names")
+
+
+def _checked_reconstructor(reconstructor, where: str, namespaces: bool = False):
+    classes = _RECONSTRUCTABLE | ({argparse.Namespace} if namespaces else set())
+
     def call(cls, base, state):
-        if cls not in _RECONSTRUCTABLE or base not in _RECONSTRUCTABLE:
+        if cls not in classes or base not in _RECONSTRUCTABLE or state is not None:
             raise RefusedPickle(f"{where}: refusing to rebuild a {cls!r} from a pickle")
         return reconstructor(cls, base, state)
     return call
 
 
-def loads(data: bytes, where: str):
-    """The plain data a pickle holds; :class:`RefusedPickle` for anything else."""
-    return load(io.BytesIO(data), where)
+def loads(data: bytes, where: str, namespaces: bool = False):
+    """The plain data a pickle holds; :class:`RefusedPickle` for anything else.
+    ``namespaces``: an ``argparse.Namespace`` of plain values is plain data too."""
+    return load(io.BytesIO(data), where, namespaces)
 
 
-def load(file: IO[bytes], where: str):
+def load(file: IO[bytes], where: str, namespaces: bool = False):
     try:
-        return _PlainDataUnpickler(file, where).load()
+        return _PlainDataUnpickler(file, where, namespaces).load()
     except RefusedPickle:
         raise
     except Exception as error:  # a truncated or garbled pickle

@@ -12,6 +12,16 @@ replication (El Baz 2020) ran: ReLU in (3) with dropout on its output (``att_act
 ``att_dropout: 0.5``), weight-normalised W_va, W_ha, w_a and W_p (``weight_norm``), and dropout
 on h2 alone, not on W_e Pi_t (``word_dropout: false``). Their defaults are Anderson et al.'s
 equations above, the decoder as it was before them.
+
+Three more give self-critical.pytorch's UpDownModel (captioning/models/AttModel.py there), whose
+checkpoints ``capstack import-checkpoint rtl`` reads (trainer/imports/rtl.py):
+``word_activation: relu`` (its ``embed``: W_e Pi_t through a ReLU, then dropout),
+``mean_embed: N`` (its ``fc_embed``: v_bar = ReLU(W_m mean_i v_i) of size N, a layer of its own
+on the raw features' mean, where by default v_bar is the mean of the embedded v_i) and
+``embed_dropout: true`` (dropout after the region and mean embeddings, as its ``att_embed`` and
+``fc_embed`` end). With ``feature_embed`` and ``mean_embed`` at its ``rnn_size`` these are its
+equations; its attention's two biases are one here (W_va's, where W_ha's is added) and w_a's
+bias, which the softmax ignores, is dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
@@ -42,6 +53,9 @@ class TopDownConfig(DecoderConfig):
     att_dropout: float = 0.0  # on (3)'s activated hidden layer, before w_a
     weight_norm: bool = False  # W_va, W_ha, w_a and W_p as g * v / ||v||, per output row
     word_dropout: bool = True  # dropout on W_e Pi_t too, not only on h2 before W_p
+    word_activation: Literal["none", "relu"] = "none"  # relu: ReLU(W_e Pi_t), as sc.pytorch
+    mean_embed: int = 0  # > 0: v_bar = ReLU(W_m mean_i v_i) of this size, from the raw features
+    embed_dropout: bool = False  # dropout after the feature and mean embeddings (sc.pytorch)
 
 
 @DECODERS.register("top_down")
@@ -63,9 +77,13 @@ class TopDown(Decoder):
     def __init__(self, config: TopDownConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
         e, h = config.embed, config.hidden
-        self.feature_embed, feature_dim = feature_embedding(feature_dim, config.feature_embed)
+        raw_dim = feature_dim
+        self.feature_embed, feature_dim = feature_embedding(raw_dim, config.feature_embed)
+        # W_m, or none: v_bar is then the mean of the (embedded) regions
+        self.mean_embed, mean_dim = feature_embedding(raw_dim, config.mean_embed) \
+            if config.mean_embed else (None, feature_dim)
         self.word_embed = nn.Embedding(vocab_size, e)  # W_e
-        self.attention_lstm = PartsLSTMCell({"h2": h, "mean": feature_dim, "word": e}, ["h2"], h)
+        self.attention_lstm = PartsLSTMCell({"h2": h, "mean": mean_dim, "word": e}, ["h2"], h)
         self.attention = AdditiveAttention(feature_dim, h, config.att_hidden,
                                            config.att_activation, config.att_dropout)
         self.language_lstm = PartsLSTMCell({"attended": feature_dim, "h1": h}, ["h1"], h)
@@ -77,12 +95,19 @@ class TopDown(Decoder):
                 weight_norm(layer)
 
     def encode(self, feats: Tensor, mask: Tensor) -> Context:
+        if self.mean_embed is not None:  # from the raw features, before their embedding
+            mean = self.embedded(self.mean_embed, masked_mean(feats, mask))
         if self.feature_embed is not None:
-            feats = self.feature_embed(feats)
-        mean = masked_mean(feats, mask)
+            feats = self.embedded(self.feature_embed, feats)
+        if self.mean_embed is None:
+            mean = masked_mean(feats, mask)
         return {"feats": feats, "mask": mask, "projected": self.attention.project(feats),
                 "mean": mean, "mean_gates": self.attention_lstm.project("mean", mean, True),
                 "region_gates": self.language_lstm.project("attended", feats, True)}
+
+    def embedded(self, embed: nn.Module, x: Tensor) -> Tensor:
+        x = embed(x)
+        return self.dropout(x) if self.config.embed_dropout else x
 
     def init_state(self, ctx: Context, rows: int) -> State:
         zeros = ctx["mean"].new_zeros(rows, self.config.hidden)
@@ -92,6 +117,8 @@ class TopDown(Decoder):
         """The words' share of the attention LSTM's gates, W_e Pi_t's product:
         [...] -> [..., 4h]."""
         embedded = self.word_embed(words)
+        if self.config.word_activation == "relu":
+            embedded = torch.relu(embedded)
         if self.config.word_dropout:
             embedded = self.dropout(embedded)
         return self.attention_lstm.project("word", embedded)

@@ -16,11 +16,17 @@ does. FFN(x) = W_2 Dropout(ReLU(W_1 x)). Weights are Glorot-initialised as there
 The region embedding is xmodaler's ``VisualBaseEmbedding`` (Linear, ReLU, LayerNorm, Dropout);
 ``region_norm: false`` drops the LayerNorm, as self-critical.pytorch's ``att_embed``.
 
+``layer_norm: unbiased_std`` makes every LayerNorm the Annotated Transformer's, as
+self-critical.pytorch's: ``a (x - mean) / (std + 1e-6) + b`` with the unbiased std, where the
+default ``torch`` is ``torch.nn.LayerNorm``, ``a (x - mean) / sqrt(var + 1e-5) + b``. Its
+parameters have nn.LayerNorm's names (``weight``, ``bias``).
+
 Parity. ``python benchmarks/parity.py --peer SELF_CRITICAL_CHECKOUT`` gives this decoder
 (``norm_first: true, region_norm: false``) the weights of self-critical.pytorch's
 TransformerModel and compares the log-probabilities of both, teacher forced and word by word,
-in float64: equal to 1e-9 once the peer's LayerNorm (the Annotated Transformer's: unbiased
-std, eps outside the root) is given torch's formula, the one difference it reports. The
+in float64: equal to 1e-9 with ``layer_norm: unbiased_std`` (the peer's own LayerNorm, the
+Annotated Transformer's: unbiased std, eps outside the root), and with the default once the
+peer's is given torch's formula. The
 post-norm default follows the paper and xmodaler; it was not run beside xmodaler.
 
 Box geometry. With ``data.box_geometry: true`` each region's feature arrives with
@@ -52,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, cast
+from typing import Iterable, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -73,11 +79,35 @@ class TransformerConfig(DecoderConfig):
     dropout: float = 0.1  # P_drop: embeddings, sublayer outputs, attention weights, FFN inner
     norm_first: bool = False  # pre-norm and a final LayerNorm per stack (self-critical.pytorch)
     region_norm: bool = True  # a LayerNorm in the region embedding (xmodaler); false: sc.pytorch
+    # every LayerNorm: torch's, or the Annotated Transformer's (sc.pytorch): unbiased std + 1e-6
+    layer_norm: Literal["torch", "unbiased_std"] = "torch"
 
     def check(self):
         yield from super().check()
         if self.heads and self.d_model % self.heads:
             yield f"d_model: must be a multiple of heads ({self.heads}), got {self.d_model}"
+
+
+class UnbiasedStdNorm(nn.Module):
+    """a (x - mean) / (std + eps) + b over the last dimension, std unbiased (the Annotated
+    Transformer's LayerNorm); its parameters named as nn.LayerNorm's."""
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = x.mean(-1, keepdim=True)
+        return self.weight * (x - mean) / (x.std(-1, keepdim=True) + self.eps) + self.bias
+
+
+def layer_norm(config: TransformerConfig) -> nn.Module:
+    """The LayerNorm ``config.layer_norm`` names, of width d_model."""
+    if config.layer_norm == "unbiased_std":
+        return UnbiasedStdNorm(config.d_model)
+    return nn.LayerNorm(config.d_model)
 
 
 def sinusoid(positions: Tensor, d: int) -> Tensor:
@@ -150,7 +180,7 @@ class Sublayers(nn.Module):
     def __init__(self, config: TransformerConfig, count: int):
         super().__init__()
         self.norm_first = config.norm_first
-        self.norms = nn.ModuleList(nn.LayerNorm(config.d_model) for _ in range(count))
+        self.norms = nn.ModuleList(layer_norm(config) for _ in range(count))
         self.dropout = Dropout(config.dropout)
 
     def into(self, x: Tensor, i: int) -> Tensor:
@@ -212,15 +242,15 @@ class Transformer(Decoder):
     def __init__(self, config: TransformerConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
         d = config.d_model
-        norm = [nn.LayerNorm(d)] if config.region_norm else []
+        norm = [layer_norm(config)] if config.region_norm else []
         self.feature_embed = nn.Sequential(nn.Linear(feature_dim, d), nn.ReLU(), *norm,
                                            Dropout(config.dropout))  # W_v
         self.encoder = nn.ModuleList(EncoderLayer(config) for _ in range(config.layers))
         self.word_embed = nn.Embedding(vocab_size, d)  # W_e
         self.word_dropout = Dropout(config.dropout)
         self.decoder = nn.ModuleList(DecoderLayer(config) for _ in range(config.layers))
-        self.encoder_norm = nn.LayerNorm(d) if config.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d) if config.norm_first else nn.Identity()
+        self.encoder_norm = layer_norm(config) if config.norm_first else nn.Identity()
+        self.decoder_norm = layer_norm(config) if config.norm_first else nn.Identity()
         self.out = nn.Linear(d, vocab_size)  # W_o
         for p in self.parameters():
             if p.dim() > 1:
