@@ -247,7 +247,7 @@ def use_autocast(name: str) -> None:
 
     dtype = getattr(torch, name)
 
-    def cast(device: torch.device):
+    def cast(device: torch.device, half: bool = True):  # ``half``: bfloat16 holds random weights
         return torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda")
 
     for module in (grid_module, region_module, sys.modules[__name__]):
