@@ -144,8 +144,8 @@ def vg_benchmark(args, device) -> None:
 
     print(f"device {device}, torch threads {torch.get_num_threads()}, VG bottom-up R101 C4 "
           f"600x1000, batch {args.batch}, {args.workers} workers, {args.images} images")
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
         dataset = write_images(tmp, args.images)
         checkpoint = write(random_vg_detector(), "bua-caffe", tmp)
         settings = RegionSettings(arch="bottom-up", weights=str(checkpoint), dtype="float32")
@@ -251,7 +251,7 @@ def use_autocast(name: str) -> None:
         return torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda")
 
     for module in (grid_module, region_module, sys.modules[__name__]):
-        module.autocast = cast
+        module.__dict__["autocast"] = cast
 
 
 def against_cpu(args, tmp: Path, extract) -> None:

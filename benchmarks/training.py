@@ -46,7 +46,7 @@ from pipeline.features.stores import Record, Schema, create_writer, field  # noq
 from trainer.data import Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
 from trainer.decoders import DECODERS, build_decoder  # noqa: E402
-from trainer.objectives import Setting, StepKey  # noqa: E402
+from trainer.objectives import Objective, Setting, StepKey  # noqa: E402
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
 from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
 from trainer.precision import Precision  # noqa: E402
@@ -94,8 +94,8 @@ def decoder_sizes(name: str, hidden: int) -> dict:
 
 def objectives(captions: Captions, scst: bool) -> dict:
     """XE, and SCST scored by CIDEr-D against the synthetic references."""
-    setting = Setting(captions=None, max_len=CAPTION_LEN)
-    made = {"XE": CrossEntropy(CrossEntropyConfig(), setting)}
+    setting = Setting(captions=captions, max_len=CAPTION_LEN)  # XE and SCST read none of it
+    made: dict[str, Objective] = {"XE": CrossEntropy(CrossEntropyConfig(), setting)}
     if scst:
         words = captions.vocab.itow
         refs = {int(i): [" ".join(words[w] for w in captions.labels[k, :captions.lengths[k]])
@@ -136,6 +136,7 @@ def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, 
     getattr(it, "close", lambda: None)()
     if not profiling:
         return wall, None
+    assert prof is not None
     kernels = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / steps
     return wall, kernels / wall
 
