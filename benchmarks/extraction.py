@@ -2,12 +2,18 @@
 
 The pipeline (decode + resize in DataLoader workers, forward, float16 store
 writes) should keep the backbone >= 90 % busy: its images/s over the forward
-pass's images/s on preloaded tensors of the same batch size. Images are
-640x480 JPEGs (COCO-like) drawn here; weights are random (``--dtype float32``
-because a random ResNet-101's activations overflow float16).
+pass's images/s on preloaded tensors of the same batch size. The loop runs twice:
+overlapped (commits in a writer thread ``--write-ahead`` batches behind the
+forward pass, as extraction does) and serial (``write_ahead=0``: each batch
+committed before the next is read), each into its own store; the two stores'
+records are compared byte for byte. Images are 640x480 JPEGs (COCO-like) drawn
+here; weights are random (``--dtype float32`` because a random ResNet-101's
+activations overflow float16).
 
     python benchmarks/extraction.py [--images 64] [--backbone resnet101] [--image-size 448]
-        [--batch 16] [--workers 2] [--device cuda]
+        [--batch 16] [--workers 2] [--write-ahead 2] [--device cuda]
+
+On a GPU: ``--images 1000 --workers 14 --device cuda`` (benchmarks/gpu_checklist.sh).
 
 ``--detector vg``: the Visual Genome bottom-up detector at its real size
 (ResNet-101 C4, 1601 classes, 401 attributes, 600x1000, 10-100 boxes; random
@@ -138,8 +144,8 @@ def vg_benchmark(args, device) -> None:
 
     print(f"device {device}, torch threads {torch.get_num_threads()}, VG bottom-up R101 C4 "
           f"600x1000, batch {args.batch}, {args.workers} workers, {args.images} images")
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
         dataset = write_images(tmp, args.images)
         checkpoint = write(random_vg_detector(), "bua-caffe", tmp)
         settings = RegionSettings(arch="bottom-up", weights=str(checkpoint), dtype="float32")
@@ -180,6 +186,8 @@ def main() -> None:
     ap.add_argument("--grid", type=int, default=14)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--write-ahead", type=int, default=2,
+                    help="batches the forward pass may run ahead of the commits")
     ap.add_argument("--device", default=None)
     ap.add_argument("--against-cpu", type=int, default=0, metavar="N",
                     help="the first N images on the CPU too: the stores' largest difference")
@@ -200,18 +208,36 @@ def main() -> None:
         forward = forward_only(args, device)
         print(f"forward pass alone (preloaded tensors): {forward:8.2f} images/s")
         settings = GridSettings(args.backbone, "random", args.image_size, args.grid, "float32")
-        started = time.perf_counter()
-        result = extract_grid(dataset, Path(tmp), settings, root=Path(tmp) / "features",
-                              batch_size=args.batch, workers=args.workers, device=args.device,
-                              progress=False)
-        total = time.perf_counter() - started
-        print(f"extract-grid loop (decode, forward, write): {result.images_per_s:8.2f} images/s"
-              f"  (whole command incl. model build and hashing: {args.images / total:.2f})")
-        print(f"backbone busy: {result.images_per_s / forward:.1%} of the forward-only rate")
+        stores = {}
+        for label, ahead in [("overlapped", args.write_ahead), ("serial", 0)]:
+            started = time.perf_counter()
+            result = extract_grid(dataset, Path(tmp), settings,
+                                  root=Path(tmp) / f"features-{label}", batch_size=args.batch,
+                                  workers=args.workers, device=args.device, progress=False,
+                                  write_ahead=ahead)
+            total = time.perf_counter() - started
+            stores[label] = result.store
+            print(f"extract-grid loop, {label} (write-ahead {ahead}): "
+                  f"{result.images_per_s:8.2f} images/s  (whole command incl. model build and "
+                  f"hashing: {args.images / total:.2f}); backbone busy "
+                  f"{result.images_per_s / forward:.1%} of the forward-only rate")
+        print(f"stores of the two loops: {same_records(*stores.values())}")
         if args.against_cpu:
             against_cpu(args, Path(tmp), lambda data, root, device: extract_grid(
                 data, data.parent, settings, root=root, batch_size=args.batch, workers=0,
                 device=device, progress=False))
+
+
+def same_records(first: Path, second: Path) -> str:
+    """Whether two stores hold the same records, byte for byte (every field)."""
+    a, b = open_store(first), open_store(second)
+    if list(a.ids()) != list(b.ids()):
+        return "DIFFERENT image ids"
+    for i in a.ids():
+        x, y = a.get(int(i)), b.get(int(i))
+        if any(x.fields[n].tobytes() != y.fields[n].tobytes() for n in x.fields):
+            return f"DIFFERENT records (image {int(i)} first)"
+    return f"identical ({len(a)} records)"
 
 
 def use_autocast(name: str) -> None:
@@ -221,11 +247,11 @@ def use_autocast(name: str) -> None:
 
     dtype = getattr(torch, name)
 
-    def cast(device: torch.device):
+    def cast(device: torch.device, half: bool = True):  # ``half``: bfloat16 holds random weights
         return torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda")
 
     for module in (grid_module, region_module, sys.modules[__name__]):
-        module.autocast = cast
+        module.__dict__["autocast"] = cast
 
 
 def against_cpu(args, tmp: Path, extract) -> None:

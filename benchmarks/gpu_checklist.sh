@@ -35,14 +35,21 @@ part cuda_tests "${PART_CUDA_TESTS:-120}" python3 -m pytest -q -m cuda -p no:cac
 part training "${PART_TRAINING:-120}" python3 benchmarks/training.py --device cuda --hidden 1000 \
   --scst --setups top_down:36:50,stack_cap:196:50 --steps "${TRAINING_STEPS:-10}" --beam-images 1000 \
   --beam-single 50
+#    the store reads in the training process (read ahead by a thread) against 4 reader
+#    processes (data.readers: 4): XE steps, the data share of each
+part training_readers "${PART_READERS:-90}" python3 benchmarks/training.py --device cuda \
+  --hidden 1000 --setups top_down:36:50,stack_cap:196:50 --steps "${TRAINING_STEPS:-10}" \
+  --readers 0,4 --beam-images 0
 # 3. and 4. against the peer on the same GPU: UpDown XE and SCST steps, beam K=5 on 5,000 images
 if [ -n "$PEER" ]; then
   part peer "${PART_PEER:-150}" python3 benchmarks/peer_steps.py --peer "$PEER" --device cuda \
     --width 1000 --steps 5 --beam-images "${PEER_BEAM_IMAGES:-5000}" --beam-steps 1
 fi
 # 5. extraction: ResNet-101 grid at 448, the VG detector at 600x1000; GPU against CPU
-part extract_grid "${PART_GRID:-70}" python3 benchmarks/extraction.py --device cuda --images 64 --autocast bfloat16 \
-  --batch 16 --workers 8 --against-cpu 2
+#    over 1,000 images (the workers' start weighs little): the forward pass alone, the loop
+#    overlapped (commits in a writer thread) and serial, their stores compared byte for byte
+part extract_grid "${PART_GRID:-150}" python3 benchmarks/extraction.py --device cuda --images 1000 \
+  --autocast bfloat16 --batch 16 --workers 14 --write-ahead 2 --against-cpu 2
 part extract_regions "${PART_REGIONS:-90}" python3 benchmarks/extraction.py --detector vg \
   --device cuda --images 8 --batch 2 --workers 4 --against-cpu 1
 # the bottom-up rule's region selection: every class at once against the per-class loop,

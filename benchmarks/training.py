@@ -7,13 +7,16 @@
   (TrainBatches over a real LMDB store, read ahead in pinned memory on a GPU as
   training does) and excluded (one batch reused), bfloat16 autocast off and on
   (``--amp``: on the CPU too), images/s, and on a GPU the share of the step's wall
-  time the GPU is busy (the profiler's kernel time over the wall time).
+  time the GPU is busy (the profiler's kernel time over the wall time). ``--readers
+  0,2``: the steps with reads made in the trainer's process (0) and by N reader
+  processes (``data.readers: N``), one row each; the data share is what the reads add.
 - beam search (K = 5) captions/s, images x beams batched (50 images, as evaluation
   does), against a loop over one image at a time of the same code: a random
   COCO-size top_down, and the demo's trained decoders when `make demo` has run.
 
     python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--hidden 512] [--scst]
         [--setups top_down,stack_cap:196:50] [--amp] [--beam-images 200] [--beam-single 0]
+        [--readers 0,2]
 
 GPU.md's sizes: ``--device cuda --hidden 1000 --scst --setups top_down,stack_cap:196:50``.
 """
@@ -43,7 +46,7 @@ from pipeline.features.stores import Record, Schema, create_writer, field  # noq
 from trainer.data import Features, TrainBatches  # noqa: E402
 from trainer.decode import beam_search  # noqa: E402
 from trainer.decoders import DECODERS, build_decoder  # noqa: E402
-from trainer.objectives import Setting, StepKey  # noqa: E402
+from trainer.objectives import Objective, Setting, StepKey  # noqa: E402
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
 from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
 from trainer.precision import Precision  # noqa: E402
@@ -91,8 +94,8 @@ def decoder_sizes(name: str, hidden: int) -> dict:
 
 def objectives(captions: Captions, scst: bool) -> dict:
     """XE, and SCST scored by CIDEr-D against the synthetic references."""
-    setting = Setting(captions=None, max_len=CAPTION_LEN)
-    made = {"XE": CrossEntropy(CrossEntropyConfig(), setting)}
+    setting = Setting(captions=captions, max_len=CAPTION_LEN)  # XE and SCST read none of it
+    made: dict[str, Objective] = {"XE": CrossEntropy(CrossEntropyConfig(), setting)}
     if scst:
         words = captions.vocab.itow
         refs = {int(i): [" ".join(words[w] for w in captions.labels[k, :captions.lengths[k]])
@@ -109,7 +112,8 @@ def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, 
     GPU, the share of the timed steps' wall time that kernels ran."""
     opt = torch.optim.Adam(model.parameters(), lr=4e-4)
     precision = Precision("bfloat16" if amp else "off", device)
-    it = read_ahead(batches.epoch(0), device)
+    it = iter(batches.epoch(0, pin_memory=device.type == "cuda") if batches.readers
+              else read_ahead(batches.epoch(0), device))  # as trainer/training/loop.py reads
     fixed = next(it).to(device)
 
     def one_step():
@@ -129,9 +133,10 @@ def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, 
             one_step()
         torch.cuda.synchronize() if device.type == "cuda" else None
         wall = (time.perf_counter() - started) / steps
-    it.close()
+    getattr(it, "close", lambda: None)()
     if not profiling:
         return wall, None
+    assert prof is not None
     kernels = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / steps
     return wall, kernels / wall
 
@@ -206,21 +211,25 @@ def step_rows(args, device, rng):
             n_images = batch_size * (2 * args.steps + 4)
             store = synthetic_store(Path(tmp) / f"{name}.lmdb", n_images, rows, 2048, kind, rng)
             captions = synthetic_captions(n_images, rng)
-            batches = TrainBatches(captions, Features([store]), batch_size=batch_size,
-                                   seq_per_img=5, seed=0)
             for label, objective in objectives(captions, args.scst).items():
                 for amp in amps:
-                    torch.manual_seed(0)
-                    model = build_decoder(name, DECODERS.get(name).Config(
-                        **decoder_sizes(name, args.hidden)), VOCAB, 2048).to(device)
-                    incl, busy = step_time(model, objective, batches, device, args.steps,
-                                           reuse_batch=False, amp=amp, busy=True)
-                    excl, _ = step_time(model, objective, batches, device, args.steps,
-                                        reuse_batch=True, amp=amp)
-                    print(f"{name:>15} {label:>4} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} "
-                          f"{'bf16' if amp else 'fp32':>5} {incl:9.3f} {batch_size / incl:9.1f} "
-                          f"{excl:9.3f} {max(incl - excl, 0) / incl:10.2f} "
-                          f"{'' if busy is None else f'{busy:8.2f}'}", flush=True)
+                    for readers in args.readers:
+                        batches = TrainBatches(captions, Features([store]),
+                                               batch_size=batch_size, seq_per_img=5, seed=0,
+                                               readers=readers)
+                        torch.manual_seed(0)
+                        model = build_decoder(name, DECODERS.get(name).Config(
+                            **decoder_sizes(name, args.hidden)), VOCAB, 2048).to(device)
+                        incl, busy = step_time(model, objective, batches, device, args.steps,
+                                               reuse_batch=False, amp=amp, busy=True)
+                        excl, _ = step_time(model, objective, batches, device, args.steps,
+                                            reuse_batch=True, amp=amp)
+                        column = f" {readers:>7}" if args.readers != [0] else ""
+                        print(f"{name:>15} {label:>4} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} "
+                              f"{'bf16' if amp else 'fp32':>5}{column} {incl:9.3f} "
+                              f"{batch_size / incl:9.1f} {excl:9.3f} "
+                              f"{max(incl - excl, 0) / incl:10.2f} "
+                              f"{'' if busy is None else f'{busy:8.2f}'}", flush=True)
 
 
 def main() -> None:
@@ -232,7 +241,9 @@ def main() -> None:
                     help="decoders, each NAME or NAME:LOCATIONS:IMAGES")
     ap.add_argument("--scst", action="store_true", help="SCST steps too")
     ap.add_argument("--amp", action="store_true", help="bfloat16 rows on the CPU too")
-    ap.add_argument("--beam-images", type=int, default=200)
+    ap.add_argument("--readers", type=lambda text: [int(n) for n in text.split(",")],
+                    default=[0], help="data.readers values, one row each (e.g. 0,2)")
+    ap.add_argument("--beam-images", type=int, default=200, help="0: no beam search")
     ap.add_argument("--beam-batch", type=int, default=50, help="images per beam-search batch")
     ap.add_argument("--beam-single", type=int, default=-1,
                     help="images decoded one at a time for the ratio (default: all)")
@@ -241,10 +252,12 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {device} {name} ({torch.get_num_threads()} threads), torch {torch.__version__},"
           f" hidden {args.hidden}, vocabulary {VOCAB}")
-    print(f"{'decoder':>15} {'step':>4} {'features':>9} {'batch':>6} {'amp':>5} {'step s':>9} "
-          f"{'images/s':>9} {'no-data s':>9} {'data share':>10} {'GPU busy':>8}")
+    column = f" {'readers':>7}" if args.readers != [0] else ""
+    print(f"{'decoder':>15} {'step':>4} {'features':>9} {'batch':>6} {'amp':>5}{column} "
+          f"{'step s':>9} {'images/s':>9} {'no-data s':>9} {'data share':>10} {'GPU busy':>8}")
     step_rows(args, device, np.random.default_rng(0))
-    for label, model, feats, mask in beam_setups(args.beam_images, device):
+    for label, model, feats, mask in beam_setups(args.beam_images, device) \
+            if args.beam_images else []:  # --beam-images 0: the steps alone
         batched, single = beam_rates(model, feats, mask, args.beam_batch, args.beam_single)
         alone = f", one image at a time {single:.0f}: {batched / single:.1f}x" if single else ""
         print(f"beam search K=5, {label}: batches of {args.beam_batch} {batched:.0f} images/s"

@@ -22,6 +22,7 @@ MAX_IMAGES = 10_000_000
 MAX_REGIONS = 10_000  # regions of an image
 MAX_SAMPLES = 100  # captions per image: references, samples, beams, rollouts
 MAX_FIGURES = 1000
+MAX_READERS = 256  # reader processes of a run's batches
 MAX_SEED = 2**32 - 1  # what every seeding (numpy's legacy seed included) accepts
 
 

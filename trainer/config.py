@@ -54,8 +54,8 @@ from pipeline.core.regular import read_text
 from pipeline.core.yamlfile import check_expanded
 
 from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURES,  # noqa: F401
-                            MAX_IMAGES, MAX_REGIONS, MAX_SAMPLES, MAX_SEED, MAX_STEPS, Bound,
-                            bounded)
+                            MAX_IMAGES, MAX_READERS, MAX_REGIONS, MAX_SAMPLES, MAX_SEED,
+                            MAX_STEPS, Bound, bounded)
 from trainer import upgrade
 from trainer.components import Component, component, file_form
 from trainer.decoders import DECODERS, build_decoder
@@ -75,6 +75,9 @@ class DataConfig:
     batching: Literal["images", "length_buckets", "one_length"] = "images"  # trainer/data.py
     max_regions: int = bounded(0, 0, MAX_REGIONS)  # 0: all
     box_geometry: bool = False  # append each region's [x1/w, y1/h, x2/w, y2/h, area] to its feature
+    # processes that read the training batches ahead of the step (trainer/data.py); 0: the
+    # training process itself. The same batches in the same order with any number.
+    readers: int = bounded(0, 0, MAX_READERS)
 
     def check(self):
         if not self.features:

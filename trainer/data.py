@@ -5,19 +5,26 @@ features ``[B, L, D]`` (float16 until on the device), a mask ``[B, L]`` of the
 valid locations (region sets are padded), and captions ``[B*S, T+2]`` as
 ``<bos> w1 .. wn <eos> <pad>..``. Batches are read a whole batch per store call
 in the main process (benchmarks/store_reads.py: DataLoader workers cost more
-than they bring). The order of an epoch is a function of (seed, epoch) alone,
-so a resumed run sees exactly the batches the uninterrupted one would have.
+than they bring to the reads alone), unless ``data.readers`` is N > 0: then N
+reader processes make whole training batches (reads, padding, captions) ahead
+of the step, in the epoch's order, and hand them over in shared memory (pinned
+on CUDA), which takes the reads off the training thread and its GIL
+(benchmarks/training_reads.py). The order of an epoch is a function of (seed,
+epoch) alone, so a resumed run sees exactly the batches the uninterrupted one
+would have, with any number of readers.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from pipeline.captions.prepared import Captions
 from pipeline.core.errors import CapstackError
@@ -27,7 +34,7 @@ from pipeline.core.tokens import EOS_ID as EOS
 from pipeline.core.tokens import PAD_ID as PAD
 from pipeline.features.stores import Batch, Record, open_store
 from pipeline.features.stores.buffer import BatchBuffer
-from trainer.batch import EvalBatch, Share, TrainBatch
+from trainer.batch import EvalBatch, Share, TrainBatch, _local
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +78,8 @@ class Features:
             raise CapstackError(f"stores {', '.join(map(str, self.paths))}: feature dims differ "
                                 f"({sorted(dims)}); stores read together need one dim")
         self.feature_dim = dims.pop()
-        self.buffers = [BatchBuffer() for _ in self.stores]
+        # allocate(shape, dtype) of each store's reads: a reused buffer (a reader process: fresh)
+        self.buffers: list[Callable[..., np.ndarray]] = [BatchBuffer() for _ in self.stores]
 
     @property
     def grid_size(self) -> int | None:
@@ -192,7 +200,7 @@ class TrainBatches:
 
     def __init__(self, captions: Captions, features: Features, *, batch_size: int,
                  seq_per_img: int, seed: int, batching: str = "images", split: str = "train",
-                 ranks: Ranks = Ranks()):
+                 ranks: Ranks = Ranks(), readers: int = 0):
         self.captions, self.features = captions, features
         self.rows = captions.rows(split)
         if len(self.rows) == 0:
@@ -203,6 +211,7 @@ class TrainBatches:
         self.batch_size, self.seq_per_img = batch_size, seq_per_img
         self.seed, self.batching = seed, batching
         self.ranks = ranks
+        self.readers = readers  # processes that make the batches (0: the caller's thread)
         self.all_captions = caption_tensor(captions.labels, captions.lengths)
         if batching == "one_length":
             self.caption_rows, self.caption_images = self.captions_of(self.rows)
@@ -260,10 +269,31 @@ class TrainBatches:
         start, end = c.label_start[rows], c.label_end[rows]
         return (total[end] - total[start]) / np.maximum(end - start, 1)
 
-    def epoch(self, epoch: int, start: int = 0) -> Iterator[TrainBatch]:
+    def epoch(self, epoch: int, start: int = 0, pin_memory: bool = False
+              ) -> Iterator[TrainBatch]:
+        """The epoch's batches from ``start``: made here, or by :attr:`readers` processes
+        (``pin_memory``: in page-locked memory, for a GPU's asynchronous copies)."""
+        if self.readers:
+            yield from self.read_by_workers(epoch, start, pin_memory)
+            return
         for index, rows in enumerate(self.order(epoch)):
             if index >= start:
-                yield self.batch(rows, np.random.default_rng([self.seed, epoch, index]), index)
+                yield self.made(epoch, index, rows)
+
+    def made(self, epoch: int, index: int, rows: np.ndarray) -> TrainBatch:
+        """Batch ``index`` of ``epoch`` (its image or caption ``rows``)."""
+        return self.batch(rows, np.random.default_rng([self.seed, epoch, index]), index)
+
+    def read_by_workers(self, epoch: int, start: int, pin_memory: bool) -> Iterator[TrainBatch]:
+        """The epoch's batches from ``start``, in order, made by :attr:`readers` worker
+        processes (forked: the stores reopen themselves in a child), each a whole batch, handed
+        over in shared memory."""
+        epoch_batches = EpochBatches(self, epoch, start)
+        loader = DataLoader(epoch_batches, batch_size=None, shuffle=False,
+                            num_workers=self.readers, pin_memory=pin_memory,
+                            prefetch_factor=2, worker_init_fn=_fresh_buffers)
+        for batch in loader:  # the ranks' sum was left behind: it does not cross processes
+            yield replace(batch, share=replace(batch.share, total=self.ranks.sum))
 
     def batch(self, rows: np.ndarray, rng: np.random.Generator, index: int = 0) -> TrainBatch:
         """The global batch ``rows``' captions, then this rank's part of it with its features
@@ -293,6 +323,32 @@ class TrainBatches:
             raise CapstackError(f"{self.captions.folder}: image {self.captions.image_ids[row]} "
                                 f"has no captions")
         return start + (rng.choice(n, s, replace=False) if n >= s else rng.choice(n, s))
+
+
+class EpochBatches(Dataset):
+    """Item k: batch ``start + k`` of ``epoch``, made in a reader process; its tensors in
+    shared memory, its :class:`Share` without the ranks' sum (added back by the trainer)."""
+
+    def __init__(self, batches: TrainBatches, epoch: int, start: int):
+        self.batches, self.epoch, self.start = batches, epoch, start
+        self.order = batches.order(epoch)
+
+    def __len__(self) -> int:
+        return len(self.order) - self.start
+
+    def __getitem__(self, k: int) -> TrainBatch:
+        index = self.start + k
+        batch = self.batches.made(self.epoch, index, self.order[index])
+        return replace(batch, share=replace(batch.share, total=_local))
+
+
+def _fresh_buffers(worker: int) -> None:
+    """A reader process reads each batch into fresh arrays, not one reused buffer: a batch is
+    handed over (moved into shared memory) after the next one is being read."""
+    info = torch.utils.data.get_worker_info()
+    assert info is not None and isinstance(info.dataset, EpochBatches), "a reader's dataset"
+    features = info.dataset.batches.features
+    features.buffers = [np.empty for _ in features.stores]
 
 
 def eval_batches(captions: Captions, features: Features, split: str, batch_size: int,

@@ -63,7 +63,8 @@ def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
     model = config.build_decoder(len(captions.vocab), features.feature_dim).to(device)
     batches = TrainBatches(captions, features, batch_size=t.batch_size,
                            seq_per_img=config.data.seq_per_img, seed=t.seed,
-                           batching=config.data.batching, ranks=ranks)
+                           batching=config.data.batching, ranks=ranks,
+                           readers=config.data.readers)
     objective = build_objective(config.objective.name, config.objective.config,
                                 Setting(captions, t.max_len, device,
                                         epoch_batches=len(batches), batches=split_batches,

@@ -62,7 +62,7 @@ def run_epoch(run: Run, progress: bool) -> None:
                disable=not progress or not run.ranks.main,
                desc=f"{run.config.name} epoch {run.epoch + 1}/{t.epochs}", unit="batch")
     run.model.train()
-    for batch in read_ahead(run.batches.epoch(run.epoch, run.batch), run.device):
+    for batch in batches_of_epoch(run):
         losses = run.train_step(batch)  # the step (Run.train_step: loop.train_step)
         stop_unless_finite(run, losses["loss"], batch)
         run.epoch_loss = [run.epoch_loss[0] + losses["loss"], run.epoch_loss[1] + 1]
@@ -76,6 +76,15 @@ def run_epoch(run: Run, progress: bool) -> None:
         if t.checkpoint_every and run.step % t.checkpoint_every == 0:
             run.save("last.pt")
     bar.close()
+
+
+def batches_of_epoch(run: Run):
+    """The rest of the epoch's batches: made by ``data.readers`` processes (pinned on CUDA),
+    or in this process, read ahead by a thread on CUDA (trainer/read_ahead.py)."""
+    cuda = run.device.type == "cuda"
+    if run.batches.readers:
+        return run.batches.epoch(run.epoch, run.batch, pin_memory=cuda)
+    return read_ahead(run.batches.epoch(run.epoch, run.batch), run.device)
 
 
 def stop_unless_finite(run: Run, loss: float, batch) -> None:

@@ -21,7 +21,7 @@ from pipeline.captions.karpathy import load_karpathy
 from pipeline.core.hashing import HashCache
 from pipeline.core.ranks import Ranks, join, pick_device
 from pipeline.core.runlock import exclusive_beside
-from pipeline.features.extract.runner import BatchModel, run_extraction
+from pipeline.features.extract.runner import WRITE_AHEAD, BatchModel, run_extraction
 from pipeline.features.extract.shards import check_shards_fit, merge_shards, shard_items, shard_path
 from pipeline.features.fingerprint import fingerprint, images_digest
 from pipeline.features.placement import check_reusable, features_root, publish, store_path
@@ -61,6 +61,7 @@ class ExtractionJob:
     workers: int = 2
     progress: bool = True
     images_outside_root: bool = False  # the user opted in to ../ and absolute image paths
+    write_ahead: int = WRITE_AHEAD  # batches the forward pass may run ahead of the commits
 
 
 @dataclass
@@ -81,8 +82,10 @@ class JobResult:
 def extract(dataset_json: Path, image_root: Path, settings, *, out: Path | None = None,
             root: Path | None = None, format: str | None = None, pointer: Path | None = None,
             batch_size: int = 16, workers: int = 2, device: str | None = None,
-            progress: bool = True, images_outside_root: bool = False) -> JobResult:
-    """Extract (or reuse) the store of the registered kind whose ``settings`` these are."""
+            progress: bool = True, images_outside_root: bool = False,
+            write_ahead: int = WRITE_AHEAD) -> JobResult:
+    """Extract (or reuse) the store of the registered kind whose ``settings`` these are
+    (``write_ahead`` 0: each batch committed before the next is read; the same records)."""
     from pipeline.features.extract.kinds import kind_of  # the kinds, which import this module
 
     dev = pick_device(device)
@@ -90,7 +93,8 @@ def extract(dataset_json: Path, image_root: Path, settings, *, out: Path | None 
     return run_job(ExtractionJob(extraction, Path(dataset_json), Path(image_root), out=out,
                                  root=root, format=format, pointer=pointer,
                                  batch_size=batch_size, workers=workers, progress=progress,
-                                 images_outside_root=images_outside_root))
+                                 images_outside_root=images_outside_root,
+                                 write_ahead=write_ahead))
 
 
 def run_job(job: ExtractionJob) -> JobResult:
@@ -168,7 +172,8 @@ def _extract(job: ExtractionJob, items, path: Path, meta: dict) -> JobResult:
         model = what.make_model() if any(i not in writer.done for i, _ in items) else None
         report = run_extraction(items, writer, model, what.transform,
                                 batch_size=job.batch_size, workers=job.workers,
-                                progress=job.progress, pin_memory=what.pin_memory)
+                                progress=job.progress, pin_memory=what.pin_memory,
+                                write_ahead=job.write_ahead)
         writer.finish()
     finally:
         writer.close()

@@ -19,6 +19,7 @@ import torch
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.features.extract.kinds import EXTRACTORS, maker_of
+from pipeline.features.extract.runner import finished
 from pipeline.features.stores import Record
 from pipeline.vision.backbones import RANDOM
 from pipeline.vision.images import ImageDataset, collate_images
@@ -66,6 +67,6 @@ def image_extractor(meta: dict, where: str, device: torch.device) -> Extract:
         if batch["skipped"]:
             index, reason = batch["skipped"][0]
             raise CapstackError(f"{paths[index]}: {reason}")
-        return run(batch)
+        return finished(run(batch))
 
     return extract

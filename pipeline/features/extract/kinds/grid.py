@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -55,20 +56,41 @@ class GridSettings:
 
 def batch_model(extractor: GridExtractor, device: torch.device, half: bool = True):
     """Records for a collated batch: forward on ``device`` (in float16 on a GPU when ``half``),
-    features back as float32."""
+    features back as float32. The records come back unfinished (runner.finished makes them):
+    on a GPU the copy to the host is queued behind the forward pass, into pinned memory, and
+    only the writer thread waits for it, while the loop's thread queues the next batch."""
 
     @torch.inference_mode()
-    def run(batch: dict) -> list[Record]:
+    def run(batch: dict) -> Callable[[], list[Record]]:
         images = stack_images(batch["images"]).to(device, non_blocking=True)
         if device.type == "cuda":
             images = images.contiguous(memory_format=torch.channels_last)
         with autocast(device, half):
-            cells = extractor(images)
-        cells = cells.float().cpu().numpy()
-        return [Record(cells[k], h, w)
-                for k, (h, w) in enumerate(zip(batch["heights"], batch["widths"]))]
+            cells = extractor(images).float()  # [B, grid*grid, C]
+        host, landed = to_host(cells)
+        sizes = list(zip(batch["heights"], batch["widths"]))
+
+        def records() -> list[Record]:
+            if landed is not None:
+                landed.synchronize()
+            array = host.numpy()
+            return [Record(array[k], h, w) for k, (h, w) in enumerate(sizes)]
+
+        return records
 
     return run
+
+
+def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A host copy of ``tensor`` and, for a CUDA tensor, the event it has landed at (the copy
+    is queued on the stream, into pinned memory); a CPU tensor is its own copy."""
+    if tensor.device.type != "cuda":
+        return tensor, None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    landed = torch.cuda.Event()
+    landed.record()
+    return host, landed
 
 
 class Grid(ExtractorKind):

@@ -1,0 +1,85 @@
+"""data.readers: training batches made by reader processes are the batches the trainer's own
+thread makes, in the same order, and a run's losses (resumed or not) do not change with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.captions.prepared import load_captions
+from trainer.config import load_experiment
+from trainer.data import Features, TrainBatches
+from trainer.train import Run, train
+from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readers")
+    dataset, prepared = make_prepared(root)
+    ids = load_captions(prepared).image_ids
+    grid = write_feature_store(root / "grid.lmdb", ids, kind="grid", image_root=dataset.parent)
+    regions = write_feature_store(root / "regions.h5", ids, kind="regions", seed=1,
+                                  fingerprint="0ddba11", image_root=dataset.parent)
+    return root, prepared, grid, regions
+
+
+def train_losses(run_dir) -> list[float]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["kind"] == "train"]
+
+
+def batches(prepared, stores, readers: int, batching: str) -> TrainBatches:
+    return TrainBatches(load_captions(prepared), Features(stores), batch_size=3, seq_per_img=2,
+                        seed=7, batching=batching, readers=readers)
+
+
+@pytest.mark.parametrize("batching", ["images", "one_length"])
+def test_reader_processes_make_the_same_batches_in_the_same_order(data, batching):
+    _, prepared, grid, regions = data
+    stores = [grid, regions]  # LMDB and HDF5, concatenated
+    here = batches(prepared, stores, 0, batching)
+    there = batches(prepared, stores, 2, batching)
+    for epoch, start in [(0, 0), (1, 2)]:  # a resumed epoch starts at its next batch
+        mine = [(b.image_ids, b.feats.clone(), b.mask.clone(), b.captions, b.index, b.share)
+                for b in here.epoch(epoch, start)]
+        theirs = list(there.epoch(epoch, start))
+        assert len(mine) == len(theirs) == len(here) - start
+        for (ids, feats, mask, captions, index, share), b in zip(mine, theirs):
+            assert b.image_ids == ids and b.index == index
+            assert torch.equal(b.feats, feats) and b.feats.dtype == feats.dtype
+            assert torch.equal(b.mask, mask) and torch.equal(b.captions, captions)
+            assert (b.share.tokens, b.share.captions, b.share.images, b.share.first,
+                    b.share.weight) == (share.tokens, share.captions, share.images,
+                                        share.first, share.weight)
+            assert b.share.total == there.ranks.sum  # the trainer's, not the reader's
+
+
+def test_losses_with_and_without_readers_are_identical_and_resume_alike(data, tmp_path,
+                                                                        monkeypatch):
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="top_down", captions=prepared,
+                            features=[grid], epochs=2, checkpoint_every=2)
+    train(load_experiment(path), tmp_path / "readers0", progress=False)
+    train(load_experiment(path, ["data.readers=2"]), tmp_path / "readers2", progress=False)
+    assert train_losses(tmp_path / "readers2") == train_losses(tmp_path / "readers0")
+
+    real_step, calls = Run.train_step, []
+
+    def dies_at_step_3(self, batch):
+        calls.append(1)
+        if len(calls) == 3:  # after the step-2 checkpoint: a kill in the middle of epoch 0
+            raise KeyboardInterrupt
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Run, "train_step", dies_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(load_experiment(path, ["data.readers=2"]), tmp_path / "split", progress=False)
+    monkeypatch.setattr(Run, "train_step", real_step)
+    # resumed with another number of readers: readers may change between a run and its resume
+    resumed = train(load_experiment(path, ["data.readers=1"]), tmp_path / "split",
+                    progress=False)
+    assert resumed.resumed_at == (0, 2)
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "readers0")
