@@ -112,6 +112,12 @@ class TrainConfig:
     # true / false (the old form) read as auto / off.
     amp: Literal["auto", "bfloat16", "float16", "off"] = "auto"
     tensorboard: bool = False  # TensorBoard events in the run's events/ (capstack[tensorboard])
+    # steps: the decoder's teacher-forced recurrence and per-word step through torch.compile
+    # during training steps (trainer/training/compiled.py); off: as written
+    compile: Literal["off", "steps"] = "off"
+    # torch.compile's mode; auto: reduce-overhead (CUDA graphs) on CUDA, default elsewhere
+    compile_mode: Literal["auto", "default", "reduce-overhead", "max-autotune",
+                          "max-autotune-no-cudagraphs"] = "auto"
 
     def check(self):
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):

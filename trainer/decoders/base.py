@@ -155,6 +155,9 @@ class Decoder(nn.Module):
     # A loss on the log-probabilities of sampled words alone (SCST's) reaches every parameter;
     # False where some are trained by other terms only (HACap's MANAGER): DDP must know.
     sampled_log_probs_train_all: ClassVar[bool] = True
+    # Whether ``step``'s state keeps its shapes from word to word (train.compile compiles it
+    # then); False where it grows (the transformer's cache of past keys and values).
+    steps_keep_shapes: ClassVar[bool] = True
     out: nn.Linear  # the vocabulary layer, where the readout ends in one (set by the subclass)
 
     def __init__(self, config, vocab_size: int, feature_dim: int):

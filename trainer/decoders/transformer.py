@@ -238,6 +238,7 @@ class Transformer(Decoder):
     (one teacher-forced pass; a key/value cache when decoding word by word)."""
 
     Config = TransformerConfig
+    steps_keep_shapes = False  # the cache grows a word a step: train.compile leaves step eager
 
     def __init__(self, config: TransformerConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)

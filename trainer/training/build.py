@@ -18,6 +18,7 @@ from trainer.decoders.base import Decoder
 from trainer.objectives import Objective, Setting, TrainingLoss, build_objective
 from trainer.optimizers import build_optimizer
 from trainer.precision import Precision
+from trainer.training.compiled import CompiledSteps, compiled_steps
 from trainer.training.fits import check_fits
 
 
@@ -35,6 +36,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.StepLR
     loss: torch.nn.Module  # TrainingLoss, in DDP under torchrun
+    compiled: CompiledSteps | None  # train.compile's, put in place for each step; None: off
 
 
 def device_of(config: ExperimentConfig, ranks: Ranks) -> torch.device:
@@ -84,7 +86,8 @@ def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
                  identity(config.decoder.name, asdict(config.decoder.config),
                           captions.vocab.itow, features.describe()),
                  model, batches, objective, precision, optimizer, scheduler,
-                 wrapped(TrainingLoss(model, objective), ranks))
+                 wrapped(TrainingLoss(model, objective), ranks),
+                 compiled_steps(t.compile, t.compile_mode, model, device))
 
 
 def wrapped(loss: TrainingLoss, ranks: Ranks) -> torch.nn.Module:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from pipeline.core.errors import CapstackError
 from trainer.objectives import StepKey
 from trainer.read_ahead import read_ahead
+from trainer.training import compiled
 
 if TYPE_CHECKING:
     from trainer.training.run import Run
@@ -32,7 +33,7 @@ def train_step(run: Run, batch) -> dict:
     key = StepKey(t.seed, run.epoch, batch.index)
     started = time.perf_counter()
     batch = batch.to(run.device)
-    with run.precision.autocast():
+    with run.precision.autocast(), compiled.active(run.compiled):
         loss, stats = run.loss(batch, key)
     backward_at = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # init_from: the start is compared by content (its md5, in resume), wherever the file now lies
 RESUMABLE_CHANGES = {"epochs", "device", "amp", "checkpoint_every", "log_every", "init_from",
-                     "tensorboard", "early_stop_patience", "readers"}
+                     "tensorboard", "early_stop_patience", "readers", "compile", "compile_mode"}
 log = logging.getLogger(__name__)
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 

@@ -86,7 +86,7 @@ class Run:
         self.model, self.batches, self.objective = parts.model, parts.batches, parts.objective
         self.precision, self.optimizer, self.scheduler = parts.precision, parts.optimizer, \
             parts.scheduler
-        self.loss = parts.loss
+        self.loss, self.compiled = parts.loss, parts.compiled
         self.epoch, self.batch, self.step = 0, 0, 0
         self.epoch_loss = [0.0, 0]  # this epoch's summed training loss and its steps
         self.kept = Kept(config.train.select_on)
