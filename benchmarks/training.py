@@ -10,13 +10,16 @@
   time the GPU is busy (the profiler's kernel time over the wall time). ``--readers
   0,2``: the steps with reads made in the trainer's process (0) and by N reader
   processes (``data.readers: N``), one row each; the data share is what the reads add.
+  ``--compile off,steps``: the steps eager and with ``train.compile: steps`` (the decoder's
+  recurrence and per-word step through torch.compile, ``--compile-mode``: auto is CUDA
+  graphs on a GPU), one row each; a compiled row's first steps, which compile, are not timed.
 - beam search (K = 5) captions/s, images x beams batched (50 images, as evaluation
   does), against a loop over one image at a time of the same code: a random
   COCO-size top_down, and the demo's trained decoders when `make demo` has run.
 
     python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--hidden 512] [--scst]
         [--setups top_down,stack_cap:196:50] [--amp] [--beam-images 200] [--beam-single 0]
-        [--readers 0,2]
+        [--readers 0,2] [--compile off,steps] [--compile-mode auto]
 
 GPU.md's sizes: ``--device cuda --hidden 1000 --scst --setups top_down,stack_cap:196:50``.
 """
@@ -52,10 +55,12 @@ from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E4
 from trainer.precision import Precision  # noqa: E402
 from trainer.read_ahead import read_ahead  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
+from trainer.training.compiled import CompiledSteps, active, compile_mode  # noqa: E402
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
 SETUPS = {"top_down": (36, 50), "soft_attention": (196, 10)}  # locations, images a batch
+WARM_UP_COMPILED = 3  # untimed steps of a compiled row: compile; CUDA graphs warm up; record
 
 
 def synthetic_captions(n_images: int, rng) -> Captions:
@@ -107,8 +112,10 @@ def objectives(captions: Captions, scst: bool) -> dict:
 
 
 def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, amp: bool,
-              busy: bool = False) -> tuple[float, float | None]:
-    """Seconds per optimiser step, the first (warm-up) step excluded; and with ``busy`` on a
+              busy: bool = False, compiled: CompiledSteps | None = None
+              ) -> tuple[float, float | None]:
+    """Seconds per optimiser step, the first (warm-up) step excluded (the first three
+    compiled: compiling, then CUDA graphs' warm-up and recording); and with ``busy`` on a
     GPU, the share of the timed steps' wall time that kernels ran."""
     opt = torch.optim.Adam(model.parameters(), lr=4e-4)
     precision = Precision("bfloat16" if amp else "off", device)
@@ -118,14 +125,15 @@ def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, 
 
     def one_step():
         batch = fixed if reuse_batch else next(it).to(device)
-        with precision.autocast():
+        with precision.autocast(), active(compiled):
             loss, _ = objective.loss(model, batch, StepKey(0, 0, 0))
         opt.zero_grad()
         precision.backward(loss)
         precision.step(opt, 0.1)
         loss.item()  # as training's log does: the step's end
 
-    one_step()
+    for _ in range(1 if compiled is None else WARM_UP_COMPILED):
+        one_step()
     profiling = busy and device.type == "cuda"
     with profile(activities=[ProfilerActivity.CUDA]) if profiling else nullcontext() as prof:
         started = time.perf_counter()
@@ -208,28 +216,34 @@ def step_rows(args, device, rng):
     with tempfile.TemporaryDirectory() as tmp:
         for name, rows, batch_size in parse_setups(args.setups):
             kind = "regions" if rows <= 100 else "grid"
-            n_images = batch_size * (2 * args.steps + 4)
+            n_images = batch_size * (2 * args.steps + 2 * WARM_UP_COMPILED + 2)
             store = synthetic_store(Path(tmp) / f"{name}.lmdb", n_images, rows, 2048, kind, rng)
             captions = synthetic_captions(n_images, rng)
             for label, objective in objectives(captions, args.scst).items():
-                for amp in amps:
-                    for readers in args.readers:
-                        batches = TrainBatches(captions, Features([store]),
-                                               batch_size=batch_size, seq_per_img=5, seed=0,
-                                               readers=readers)
-                        torch.manual_seed(0)
-                        model = build_decoder(name, DECODERS.get(name).Config(
-                            **decoder_sizes(name, args.hidden)), VOCAB, 2048).to(device)
-                        incl, busy = step_time(model, objective, batches, device, args.steps,
-                                               reuse_batch=False, amp=amp, busy=True)
-                        excl, _ = step_time(model, objective, batches, device, args.steps,
-                                            reuse_batch=True, amp=amp)
-                        column = f" {readers:>7}" if args.readers != [0] else ""
-                        print(f"{name:>15} {label:>4} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} "
-                              f"{'bf16' if amp else 'fp32':>5}{column} {incl:9.3f} "
-                              f"{batch_size / incl:9.1f} {excl:9.3f} "
-                              f"{max(incl - excl, 0) / incl:10.2f} "
-                              f"{'' if busy is None else f'{busy:8.2f}'}", flush=True)
+                for amp, readers, compiling in ((a, r, c) for a in amps for r in args.readers
+                                                for c in args.compile):
+                    batches = TrainBatches(captions, Features([store]), batch_size=batch_size,
+                                           seq_per_img=5, seed=0, readers=readers)
+                    torch.manual_seed(0)
+                    model = build_decoder(name, DECODERS.get(name).Config(
+                        **decoder_sizes(name, args.hidden)), VOCAB, 2048).to(device)
+                    compiled = None if compiling == "off" else CompiledSteps(
+                        model, compile_mode(args.compile_mode, device))
+                    incl, busy = step_time(model, objective, batches, device, args.steps,
+                                           reuse_batch=False, amp=amp, busy=True,
+                                           compiled=compiled)
+                    excl, _ = step_time(model, objective, batches, device, args.steps,
+                                        reuse_batch=True, amp=amp, compiled=compiled)
+                    column = f" {readers:>7}" if args.readers != [0] else ""
+                    if args.compile != ["off"]:
+                        column += f" {compiling if compiled is None else compiled.mode:>15}"
+                        if compiled is not None and compiled.failed:
+                            column += f" (eager: {', '.join(compiled.failed)} failed)"
+                    print(f"{name:>15} {label:>4} {f'{rows}x2048':>9} {f'{batch_size}x5':>6} "
+                          f"{'bf16' if amp else 'fp32':>5}{column} {incl:9.3f} "
+                          f"{batch_size / incl:9.1f} {excl:9.3f} "
+                          f"{max(incl - excl, 0) / incl:10.2f} "
+                          f"{'' if busy is None else f'{busy:8.2f}'}", flush=True)
 
 
 def main() -> None:
@@ -243,6 +257,10 @@ def main() -> None:
     ap.add_argument("--amp", action="store_true", help="bfloat16 rows on the CPU too")
     ap.add_argument("--readers", type=lambda text: [int(n) for n in text.split(",")],
                     default=[0], help="data.readers values, one row each (e.g. 0,2)")
+    ap.add_argument("--compile", type=lambda text: text.split(","), default=["off"],
+                    help="train.compile values, one row each (off,steps)")
+    ap.add_argument("--compile-mode", default="auto",
+                    help="train.compile_mode of the compiled rows (auto: CUDA graphs on a GPU)")
     ap.add_argument("--beam-images", type=int, default=200, help="0: no beam search")
     ap.add_argument("--beam-batch", type=int, default=50, help="images per beam-search batch")
     ap.add_argument("--beam-single", type=int, default=-1,
@@ -253,6 +271,7 @@ def main() -> None:
     print(f"device: {device} {name} ({torch.get_num_threads()} threads), torch {torch.__version__},"
           f" hidden {args.hidden}, vocabulary {VOCAB}")
     column = f" {'readers':>7}" if args.readers != [0] else ""
+    column += f" {'compile':>15}" if args.compile != ["off"] else ""
     print(f"{'decoder':>15} {'step':>4} {'features':>9} {'batch':>6} {'amp':>5}{column} "
           f"{'step s':>9} {'images/s':>9} {'no-data s':>9} {'data share':>10} {'GPU busy':>8}")
     step_rows(args, device, np.random.default_rng(0))

@@ -46,7 +46,8 @@ def data(tmp_path_factory):
     _, prepared = make_prepared(root)
     store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
     exp = write_experiment(root / "xe.yaml", decoder="top_down", captions=prepared,
-                           features=[store], epochs=2, batch_size=5)
+                           features=[store], epochs=2, batch_size=5,
+                           log_every=1)
     build_cache(prepared, "train", root / "cider.npz")
     return root, prepared, store, exp
 

@@ -132,3 +132,33 @@ def test_torchrun_with_one_gpu_trains_as_a_plain_process_does(data, tmp_path):
                .read_text().splitlines() if json.loads(line)["kind"] == "train"]
               for run in ("plain", "torchrun")]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["xe", "scst"])
+def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(data, tmp_path, objective):
+    """``train.compile: steps`` at ``auto`` (CUDA graphs, inductor's kernels) against eager:
+    XE and SCST runs without dropout (inductor draws its own random numbers), the epoch's last
+    batch smaller (other shapes: compiled once more); float32 sums reassociated by the fused
+    kernels, stated as a relative 1e-3 on the losses."""
+    from trainer.rewards.cider_cache import build_cache
+    from trainer.training import compiled
+    from trainer_fixtures import cider_d
+
+    prepared, grid = data
+    exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
+                           features=[grid], epochs=2, batch_size=5, device="cuda", log_every=1)
+    base = ["decoder.dropout=0"]
+    if objective == "scst":
+        train(load_experiment(exp, base + ["train.epochs=1"]), tmp_path / "xe", progress=False)
+        build_cache(prepared, "train", tmp_path / "cider.npz")
+        base += ["objective.name=scst", f"train.init_from={tmp_path / 'xe' / 'best.pt'}",
+                 *cider_d(tmp_path / "cider.npz"), "train.lr=5e-4", "objective.samples=3"]
+    made = {}
+    for setting in ("off", "steps"):
+        train(load_experiment(exp, base + [f"train.compile={setting}"]), tmp_path / setting,
+              progress=False)
+        made[setting] = [json.loads(line)["loss"] for line in (tmp_path / setting /
+                         "metrics.jsonl").read_text().splitlines()
+                         if json.loads(line)["kind"] == "train"]
+    assert compiled.compile_mode("auto", CUDA) == "reduce-overhead"
+    assert made["steps"] == pytest.approx(made["off"], rel=1e-3)
