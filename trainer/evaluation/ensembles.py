@@ -19,7 +19,7 @@ from trainer.checkpoint import load_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.decoders.base import Decoder
 from trainer.ensemble import Ensemble
-from trainer.evaluation.evaluate import load_model
+from trainer.evaluation.loaded import load_model
 
 RUN_JOIN = "+"  # how an ensemble's runs, decoders, seeds ... are written as one
 

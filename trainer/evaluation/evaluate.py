@@ -23,17 +23,17 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.captions.prepared import load_captions
-from pipeline.captions.vocab import Vocabulary
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from pipeline.core.regular import NotRegular, read_text
 from trainer.checkpoint import check_identity, identity, load_checkpoint
 from trainer.objectives import table_labels_of
-from trainer.config import EvalConfig, ExperimentConfig, experiment_from_dict, from_dict
+from trainer.config import EvalConfig, ExperimentConfig, from_dict
 from trainer.data import Features, covered, eval_batches
-from trainer.decoders.base import Decoder
 from trainer.decoding_options import DecodingConfig
+from trainer.evaluation.ensembles import RUN_JOIN, LoadedEnsemble, Member, joined, load_ensemble
 from trainer.evaluation.figures import training_curves
+from trainer.evaluation.loaded import load_model
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
 from trainer.scoring.metrics import STATISTICS_FILE, scored_images
@@ -42,15 +42,6 @@ from trainer.scoring.references import load_references
 
 EVAL_BATCH = 50
 N_BEST = "n_best"  # metrics.json's diversity.n_best: the figures over every caption (n > 1)
-
-
-def load_model(ckpt: dict) -> tuple[Decoder, Vocabulary, ExperimentConfig]:
-    """The checkpoint's decoder (eval mode, CPU), vocabulary and experiment, from it alone."""
-    vocab = Vocabulary.from_json(ckpt["vocab"], ckpt["path"])
-    config = experiment_from_dict(ckpt["experiment"], ckpt["path"])
-    model = config.build_decoder(len(vocab), ckpt["feature_dim"])
-    model.load_state_dict(ckpt["model"])
-    return model.eval(), vocab, config
 
 
 def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str) -> dict:
@@ -136,7 +127,6 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
 def _load(checkpoint: str | Path | Sequence[str | Path]):
     """One run (its decoder) or, given a list, their ensemble, as a
     :class:`~trainer.evaluation.ensembles.LoadedEnsemble` (``ensemble`` False for one run)."""
-    from trainer.evaluation.ensembles import LoadedEnsemble, Member, load_ensemble
 
     if not isinstance(checkpoint, (str, Path)):  # a list of runs
         return load_ensemble(list(checkpoint))
@@ -150,7 +140,6 @@ def row_of(loaded, s: EvalConfig) -> dict:
     checkpoint, epoch and :func:`setting_of`. An ensemble's approach is ``ensemble: NAMES``,
     its checkpoints and epochs are lists, and its setting joins the members' runs, decoders,
     objectives, rewards and seeds with ``+`` and counts them under ``ensemble``."""
-    from trainer.evaluation.ensembles import RUN_JOIN, joined
 
     members = loaded.members
     settings = [setting_of(m.config, s, m.checkpoint["path"]) for m in members]
