@@ -20,7 +20,9 @@ Peers and their checks:
   captions (its ``coco-caption`` submodule needed: clone with ``--recursive``);
   ``checkpoints``, ``capstack import-checkpoint rtl`` on UpDown and Transformer checkpoints its
   own code saved: teacher-forced log-probabilities, and greedy, beam, length-penalised,
-  diverse, constrained and top-k/top-p decoding against its own.
+  diverse, constrained and top-k/top-p decoding against its own; and its ``AttEnsemble`` of
+  two Transformers, and of an UpDown and a Transformer, against capstack's ensemble of the
+  imported runs (teacher forcing, greedy, beam 5).
 - mmf (https://github.com/facebookresearch/mmf; ``requests``, ``filelock`` and ``omegaconf``
   importable): ``mmf``, ``extract-regions --arch bottom-up --reference mmf`` against its
   ``tools/scripts/features/frcnn`` run on the same checkpoint, one its own modules wrote.

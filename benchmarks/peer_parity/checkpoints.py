@@ -35,7 +35,28 @@ its P(<eos>), the peer without); so the peer's logit layer is scaled by ``LOGIT_
 its ``<eos>`` bias raised by ``EOS_BIAS`` before saving: peaked distributions, captions that
 end by themselves. Rows whose captions reach the cut anyway are counted in the note.
 
-An ensemble of checkpoints (the peer's AttEnsemble) is not compared here.
+Ensembles: the peer's ``captioning/models/AttEnsemble.py`` (its next-word distribution the
+weighted mean of its members' probabilities, equal weights here; built as its
+``tools/eval_ensemble.py`` builds it, ``AttEnsemble(models)`` and ``seq_length`` set, and called
+as one model) against capstack's :class:`~trainer.ensemble.Ensemble` of the imported runs, as
+``capstack evaluate RUN1 RUN2 --ensemble`` loads them, on the same 60 images: two Transformers
+(seeds 0 and 1: two random initialisations, each saved and imported as above, their ``<eos>``
+bias 20, not 16: at 16 the two disagree at almost every step, their averaged peaked
+distributions near 50/50 ties, and most captions run to the length cut, where the beam searches
+are known to differ: capstack's ended hypotheses keep their beams, out of which better open ones
+can push them, and it scores a cut caption with its P(<eos>); 4 of 60 beam-5 captions differed
+so, greedy none), and the UpDown beside the Transformer (AttEnsemble packs its members' states
+side by side, so its members' types may differ). Compared: the teacher-forced
+log-probabilities (its ``_forward``, AttModel's step by step through its
+``get_logprobs_state``), each difference over max(1, |log p|) to 1e-6 (capstack's ensemble
+averages its members' softmax in float32, whose error grows with the size of log p, and words
+forced at random on peaked models are very improbable), and greedy and beam 5, every caption
+equal and its log-probability to 1e-5.
+AttEnsemble's ``__init__`` runs CaptionModel's, not AttModel's, so it lacks the ``bos_idx``,
+``eos_idx``, ``pad_idx`` and ``unk_idx`` that the AttModel ``_sample`` and CaptionModel
+``beam_search`` it inherits read (``'AttEnsemble' object has no attribute 'pad_idx'`` before
+its first step; its ``_forward`` reads none): it is given its first member's (0, 0, 0 and
+None), what AttModel's ``__init__`` would have set.
 """
 
 from __future__ import annotations
@@ -61,12 +82,20 @@ from pipeline.features.stores import Record, Schema, create_writer, field
 from trainer.checkpoint import load_checkpoint
 from trainer.data import Features
 from trainer.decoding_options import BAD_ENDINGS, DecodingConfig, decode, filtered
+from trainer.evaluation.ensembles import load_ensemble
 from trainer.evaluation.evaluate import load_model
 
 IMAGES, REGIONS, DIM, WORDS, MAX_LEN = 60, 36, 2048, 1000, 16
 LOGIT_SCALE = 8.0
 EOS_BIAS = {"updown": 6.0, "transformer": 16.0}  # its logits after LayerNorm run larger
 FORCED = 1e-7  # float64; the import rounds UpDown's folded attention bias to float32 once
+ENSEMBLE_FORCED = 1e-6  # relative: capstack's ensemble averages its members' softmax in float32
+# members (caption_model, seed, <eos> bias); two Transformers of other seeds disagree at almost
+# every step (their peaked distributions averaged: near 50/50 ties) and run on to the length
+# cut, unless their <eos> is raised further
+ENSEMBLES = {"ens 2 transformers": (("transformer", 0, 20.0), ("transformer", 1, 20.0)),
+             "ens updown+transformer": (("updown", 0, EOS_BIAS["updown"]),
+                                        ("transformer", 0, EOS_BIAS["transformer"]))}
 BOUND = 1e-5  # capstack's searches score in float32
 SIZES: dict[str, dict[str, Any]] = {
     "updown": dict(input_encoding_size=512, rnn_size=512, att_hid_size=512),
@@ -119,22 +148,36 @@ def region_store(path: Path, image_ids, seed: int = 0) -> Path:
 # ----------------------------------------------------------------------- the peer's side
 
 
-def peer_model(peer, name: str, words: list[str]):
-    """The peer's own model at random weights, its options as its train.py sets them."""
+def peer_model(peer, name: str, words: list[str], seed: int = 0,
+               eos_bias: float | None = None):
+    """The peer's own model at random weights (drawn after ``torch.manual_seed(seed)``; its
+    ``<eos>`` bias raised by ``eos_bias``, EOS_BIAS's by default), its options as its train.py
+    sets them."""
     opt = peer.opts.parse_opt()
     for key, value in dict(caption_model=name, vocab_size=len(words), att_feat_size=DIM,
                            fc_feat_size=DIM, drop_prob_lm=0.5, seq_length=MAX_LEN,
                            max_length=MAX_LEN, use_bn=0, **SIZES[name]).items():
         setattr(opt, key, value)
     opt.vocab = {str(i): w for i, w in enumerate(words, start=1)}
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = peer.models.setup(opt)
     del opt.vocab  # as its train.py does: the vocabulary is kept in the infos
     logit = model.logit if name != "transformer" else model.model.generator.proj
     with torch.no_grad():
         logit.weight.mul_(LOGIT_SCALE)
-        logit.bias[0] += EOS_BIAS[name]
+        logit.bias[0] += EOS_BIAS[name] if eos_bias is None else eos_bias
     return model.eval(), opt
+
+
+def peer_ensemble(peer, models):
+    """The peer's AttEnsemble of its models, as its tools/eval_ensemble.py builds it (equal
+    weights, ``seq_length`` set), given the indices it reads and lacks (the module docstring)."""
+    ensemble = peer.ensemble.AttEnsemble(models)
+    ensemble.seq_length = MAX_LEN
+    for name in ("bos_idx", "eos_idx", "pad_idx", "unk_idx"):
+        if not hasattr(ensemble, name):
+            setattr(ensemble, name, getattr(models[0], name))
+    return ensemble.double().eval()
 
 
 def save_peer(peer, model, opt, words: list[str], folder: Path) -> tuple[Path, Path]:
@@ -191,11 +234,16 @@ def gathered(tokens, logps, count: int) -> float:
 
 
 class Side:
-    """The imported run, its vocabulary mapped to the peer's indices, and the inputs."""
+    """The imported run (or runs: their ensemble, as ``capstack evaluate --ensemble`` loads
+    them), its vocabulary mapped to the peer's indices, and the inputs."""
 
-    def __init__(self, run: Path, words: list[str], features: Features, image_ids):
-        ckpt = load_checkpoint(run)
-        self.model, self.vocab, _ = load_model(ckpt)
+    def __init__(self, run: Path | list[Path], words: list[str], features: Features,
+                 image_ids):
+        if isinstance(run, list):
+            loaded = load_ensemble(run)
+            self.model, self.vocab = loaded.model, loaded.vocab
+        else:
+            self.model, self.vocab, _ = load_model(load_checkpoint(run))
         self.model.double()
         index = {w: i for i, w in enumerate(words, start=1)}
         # capstack id -> the peer's logit row (-1: a token the peer never predicts)
@@ -219,7 +267,10 @@ class Side:
                           self.vocab)
 
 
-def teacher_forcing(side: Side, peer, label: str) -> Difference:
+def teacher_forcing(side: Side, peer, label: str, bound: float = FORCED, note: str = "",
+                    relative: bool = False) -> Difference:
+    """Every word's log-probability, the largest difference (``relative``: each difference
+    over max(1, |the peer's log p|), float32's error growing with the size of log p)."""
     g = torch.Generator().manual_seed(1)
     peer_words = torch.randint(1, len(side.ours_of), (IMAGES, MAX_LEN), generator=g)
     seq = torch.cat([torch.zeros(IMAGES, 1, dtype=torch.long), peer_words], 1)
@@ -229,11 +280,15 @@ def teacher_forcing(side: Side, peer, label: str) -> Difference:
         theirs = peer._forward(side.fc, side.feats, seq, side.peer_mask)[:, :MAX_LEN + 1]
         mine = torch.log_softmax(side.model(side.ctx, captions).logits, -1)
     kept = side.peer_of >= 0
-    diff = (mine[..., kept] - theirs[..., side.peer_of[kept]]).abs().max().item()
+    reference = theirs[..., side.peer_of[kept]]
+    error = (mine[..., kept] - reference).abs()
+    diff = (error / reference.abs().clamp(min=1) if relative else error).max().item()
     never = mine[..., ~kept].exp().max().item()
-    return Difference("checkpoints", f"{label}: log p, teacher forced ({IMAGES} images x "
-                      f"{MAX_LEN + 1} words)", diff, FORCED,
-                      f"capstack's tokens the peer never predicts: p <= {never:.0e}")
+    what = (f"log p, teacher forced, relative ({IMAGES} x {MAX_LEN + 1} words)" if relative
+            else f"log p, teacher forced ({IMAGES} images x {MAX_LEN + 1} words)")
+    return Difference("checkpoints", f"{label}: {what}", diff, bound,
+                      "; ".join(filter(None, [note, f"capstack's tokens the peer never "
+                                                    f"predicts: p <= {never:.0e}"])))
 
 
 def caption_rows(label: str, what: str, side: Side, peer_caps, ours, cut: int,
@@ -352,6 +407,17 @@ def compare_model(label: str, side: Side, model) -> list[Difference]:
     return rows
 
 
+def compare_ensemble(label: str, side: Side, model) -> list[Difference]:
+    """AttEnsemble against capstack's Ensemble: teacher forcing, greedy, beam 5."""
+    rows = [teacher_forcing(side, model, label, ENSEMBLE_FORCED, "|diff| / max(1, |log p|): "
+                            "capstack averages in float32", relative=True)]
+    note = "AttEnsemble given its first member's bos/eos/pad/unk_idx"
+    rows += searched(label, "greedy", side, model, {}, {"search": "greedy"}, note=note)
+    rows += searched(label, "beam 5", side, model, {"beam_size": 5}, {"beam_size": 5},
+                     note=note)
+    return rows
+
+
 class Peer:
     """The peer's modules this check runs."""
 
@@ -359,6 +425,7 @@ class Peer:
         self.opts = importlib.import_module("captioning.utils.opts")
         self.models = importlib.import_module("captioning.models")
         self.utils = importlib.import_module("captioning.utils.misc")
+        self.ensemble = importlib.import_module("captioning.models.AttEnsemble")
 
 
 def check(peer_dir: Path, options) -> list[Difference]:
@@ -377,19 +444,32 @@ def check(peer_dir: Path, options) -> list[Difference]:
         words = words + ["UNK"]  # its vocabulary when its threshold dropped words
         peer = Peer()
         features = Features([store])
+        made: dict[tuple[str, int, float], tuple[Any, Path]] = {}  # -> peer model, run
+
+        def imported(name: str, seed: int, bias: float) -> tuple[Any, Path]:
+            """The peer's model saved by its own code and imported (once per name, seed and
+            <eos> bias)."""
+            if (name, seed, bias) not in made:
+                model, opt = peer_model(peer, name, words, seed, bias)
+                sources = save_peer(peer, model, opt, words,
+                                    work / f"peer_{name}{seed}_{bias:g}")
+                run = work / f"run_{name}{seed}_{bias:g}"
+                try:
+                    cli.main(["import-checkpoint", "rtl", *map(str, sources), "--out",
+                              str(run), "--captions", str(work / "prepared"), "--features",
+                              str(store)], standalone_mode=False)
+                except SystemExit as exit_:
+                    if exit_.code:
+                        raise
+                made[name, seed, bias] = model.double(), run
+            return made[name, seed, bias]
+
         for name in SIZES:
-            model, opt = peer_model(peer, name, words)
-            sources = save_peer(peer, model, opt, words, work / f"peer_{name}")
-            model.double()
-            run = work / f"run_{name}"
-            try:
-                cli.main(["import-checkpoint", "rtl", *map(str, sources), "--out", str(run),
-                          "--captions", str(work / "prepared"), "--features", str(store)],
-                         standalone_mode=False)
-            except SystemExit as exit_:
-                if exit_.code:
-                    raise
-            side = Side(run, words, features, test)
-            rows += compare_model(name, side, model)
+            model, run = imported(name, 0, EOS_BIAS[name])
+            rows += compare_model(name, Side(run, words, features, test), model)
+        for label, members in ENSEMBLES.items():
+            models, runs = zip(*(imported(*member) for member in members))
+            rows += compare_ensemble(label, Side(list(runs), words, features, test),
+                                     peer_ensemble(peer, list(models)))
     sys.stdout.flush()
     return rows
