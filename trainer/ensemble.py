@@ -35,7 +35,8 @@ SEPARATOR = "/"  # a member's context key: "<member>/<its key>"
 def mean_probability_logits(logits: Sequence[Tensor]) -> Tensor:
     """log(1/M sum_i softmax(logits_i)) [N, V] of M members' logits [N, V], computed as a
     log-sum-exp of their log-softmax (no probability underflows to 0 first)."""
-    logp = torch.stack([torch.log_softmax(x.float(), -1) for x in logits])  # [M, N, V]
+    dtype = torch.promote_types(logits[0].dtype, torch.float32)  # float64 members stay float64
+    logp = torch.stack([torch.log_softmax(x.to(dtype), -1) for x in logits])  # [M, N, V]
     return torch.logsumexp(logp, 0) - math.log(len(logits))
 
 
