@@ -17,23 +17,13 @@ from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import Run, train
-from trainer_fixtures import cider_d, make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import (cider_d, grid_and_region_stores, train_losses, write_experiment,
+                              write_feature_store)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    dataset, prepared = make_prepared(root)
-    ids = load_captions(prepared).image_ids
-    grid = write_feature_store(root / "grid.lmdb", ids, kind="grid", image_root=dataset.parent)
-    regions = write_feature_store(root / "regions.h5", ids, kind="regions", seed=1,
-                                  fingerprint="0ddba11", image_root=dataset.parent)
-    return root, prepared, grid, regions
-
-
-def train_losses(run_dir) -> list[float]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [x["loss"] for x in lines if x["kind"] == "train"]
+    return grid_and_region_stores(tmp_path_factory.mktemp("train"))
 
 
 def test_one_length_batches_hold_captions_of_one_length_each_caption_once_an_epoch(data):

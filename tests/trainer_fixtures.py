@@ -6,6 +6,7 @@ decoders can learn which caption belongs to which image.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,22 @@ def prepared_with_grid(root: Path) -> tuple[Path, Path]:
 
     _, prepared = make_prepared(root, n_train=10, n_val=4, n_test=2)
     return prepared, write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+
+
+def grid_and_region_stores(root: Path) -> tuple[Path, Path, Path, Path]:
+    """A prepared shapes dataset in ``root`` with an LMDB grid store and an HDF5 region store of
+    its images: (root, prepared, grid, regions)."""
+    from pipeline.captions.prepared import load_captions
+
+    dataset, prepared = make_prepared(root)
+    ids = load_captions(prepared).image_ids
+    grid = write_feature_store(root / "grid.lmdb", ids, kind="grid", image_root=dataset.parent)
+    regions = write_feature_store(root / "regions.h5", ids, kind="regions", seed=1,
+                                  fingerprint="0ddba11", image_root=dataset.parent)
+    return root, prepared, grid, regions
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    """Every logged training step's loss of a run folder, in order."""
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if x["kind"] == "train"]
