@@ -28,7 +28,9 @@ PAPERS = ["show_tell", "lstm3", "gru_init", "soft_attention", "hard_attention", 
           "stack_cap", "stack_cap_star", "hacap"]  # the decoders of ../shared/papers
 # top_down as poojahira's implementation has it (configs/coco/bottom_up/top_down.yaml)
 POOJAHIRA = {"att_activation": "relu", "weight_norm": True, "word_dropout": False}
-OVERFIT = [(name, {}) for name in NAMES] + [("top_down", POOJAHIRA)]
+# lstm3 as Stack-Cap's coarse LSTM reads the image: beside every word (its eq 2)
+EVERY_STEP = {"image_input": "every_step"}
+OVERFIT = [(name, {}) for name in NAMES] + [("top_down", POOJAHIRA), ("lstm3", EVERY_STEP)]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def test_decoder_config_is_strict():
 
 
 @pytest.mark.parametrize("name, settings", OVERFIT,
-                         ids=[name + ("+poojahira" if s else "") for name, s in OVERFIT])
+                         ids=[name + ("+" + "+".join(s) if s else "") for name, s in OVERFIT])
 def test_each_decoder_overfits_a_handful_of_captions(handful, name, settings):
     feats, mask, captions, vocab_size = handful
     torch.manual_seed(0)
@@ -88,6 +90,28 @@ def test_each_decoder_overfits_a_handful_of_captions(handful, name, settings):
     expected = [row[1:].tolist() for row in captions]
     got = [row[:len(e)].tolist() for row, e in zip(decoded.tokens, expected)]
     assert got == expected
+
+
+def test_an_image_read_at_every_step_decodes_as_it_teacher_forces(handful):
+    """lstm3 with the image beside every word: teacher forcing = stepping, beam 1 = greedy, and
+    each step reads the image (another image changes every step's logits, from a zero state)."""
+    feats, mask, captions, vocab_size = handful
+    torch.manual_seed(3)
+    model = make_decoder("lstm3", {**tiny_decoder_config("lstm3"), **EVERY_STEP}, vocab_size,
+                         16).eval()
+    with torch.no_grad():
+        forced = teacher_forced(model, feats, mask, captions)
+        ctx = model.encode(feats, mask)
+        state, stepped = model.init_state(ctx, captions.shape[0]), []
+        assert not any(s.any() for s in state)
+        for t in range(captions.shape[1] - 1):
+            logits, state, _ = model.step(captions[:, t], state, ctx)
+            stepped.append(logits)
+        torch.testing.assert_close(forced.logits, torch.stack(stepped, 1), atol=1e-5, rtol=1e-5)
+        g, b = greedy(model, ctx, 8), beam_search(model, ctx, 1, 8)
+        other = teacher_forced(model, feats.roll(1, 0), mask.roll(1, 0), captions)
+    assert torch.equal(g.tokens, b.tokens)
+    assert (other.logits - forced.logits).abs().amax(-1).gt(1e-6).all()
 
 
 @pytest.mark.parametrize("name", NAMES)

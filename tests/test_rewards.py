@@ -144,6 +144,18 @@ def test_the_mix_is_the_weighted_sum_of_its_parts(prepared):
     np.testing.assert_allclose(mix.score(ids, tokens, lengths), 1.0 * cider + 0.5 * bleu,
                                atol=1e-12, rtol=0)
     assert (bleu > 0).any() and (cider > 0).any()
+    total, parts = mix.score_parts(ids, tokens, lengths)  # each part before its weight
+    np.testing.assert_array_equal(total, mix.score(ids, tokens, lengths))
+    assert list(parts) == ["cider-d", "bleu"]
+    np.testing.assert_array_equal(parts["cider-d"], cider)
+    np.testing.assert_array_equal(parts["bleu"], bleu)
+    assert built({"name": "bleu"}, captions).score_parts(ids, tokens, lengths)[1] == {}
+    twice = built({"name": "mix", "parts": [{"name": "bleu", "n": 1, "weight": 1},
+                                            {"name": "bleu", "n": 4, "weight": 0}]}, captions)
+    total, parts = twice.score_parts(ids, tokens, lengths)  # a repeated name: its place
+    assert list(parts) == ["bleu_1", "bleu_2"]
+    np.testing.assert_array_equal(parts["bleu_2"], bleu)
+    np.testing.assert_array_equal(total, parts["bleu_1"])
 
 
 def test_the_cider_d_reward_keeps_its_checks(prepared, tmp_path):
@@ -284,6 +296,12 @@ def test_an_scst_step_runs_on_another_reward(xe_run, tmp_path, reward, monkeypat
     steps = [x for x in lines if x["kind"] == "train"]
     assert steps and all(np.isfinite(x["reward"]) and "time_reward" in x for x in steps)
     assert any(x["reward"] > 0 for x in steps)
+    if "mix" in reward:  # each part's mean, the samples' and the greedy decodes', logged
+        for x in steps:
+            assert x["reward"] == pytest.approx(x["reward_cider-d"] + 0.5 * x["reward_bleu"])
+            assert x["baseline"] == pytest.approx(x["baseline_cider-d"] + 0.5 * x["baseline_bleu"])
+    else:
+        assert not any(key.startswith("reward_") for x in steps for key in x)
     assert closed == (["Bleu"] if "mix" not in reward else ["CiderDReward", "Bleu"])
 
 

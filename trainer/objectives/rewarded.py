@@ -3,6 +3,8 @@ its config names, and lets go of it when training ends (METEOR's Java process)."
 
 from __future__ import annotations
 
+import numpy as np
+
 from trainer.objectives.base import DecoderT, Objective, Setting
 from trainer.rewards import Reward, build_reward
 
@@ -21,3 +23,11 @@ class RewardedObjective(Objective[DecoderT]):
     def close(self) -> None:
         if self.owns_scorer:
             self.scorer.close()
+
+    def score_parts(self, image_ids, tokens: np.ndarray,
+                    lengths: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Each caption's reward and, for a reward of parts (a mix), each part's by name
+        (:meth:`Reward.score_parts`); a bare scorer given to the objective only scores."""
+        if isinstance(self.scorer, Reward):
+            return self.scorer.score_parts(image_ids, tokens, lengths)
+        return self.scorer.score(image_ids, tokens, lengths), {}

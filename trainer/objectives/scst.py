@@ -132,12 +132,16 @@ class SelfCritical(RewardedObjective):
             greedy_words = greedy_decode(decoder, feats, mask, self.setting.max_len)
         sampled_at = time.perf_counter()
         ids = np.repeat(np.asarray(batch.image_ids), s)
-        rewards = self.scorer.score(ids, *words_and_lengths(drawn.tokens)).reshape(-1, s)
+        rewards, parts = self.score_parts(ids, *words_and_lengths(drawn.tokens))
+        rewards = rewards.reshape(-1, s)
+        stats = {f"reward_{name}": mean_part(part, s, batch.share) for name, part in parts.items()}
         if greedy_words is None:
             base = mean_of_others(rewards)
         else:
-            base = np.repeat(self.scorer.score(batch.image_ids, *words_and_lengths(greedy_words)),
-                             s).reshape(-1, s)
+            greedy, parts = self.score_parts(batch.image_ids, *words_and_lengths(greedy_words))
+            base = np.repeat(greedy, s).reshape(-1, s)
+            stats.update({f"baseline_{name}": mean_part(part, 1, batch.share)
+                          for name, part in parts.items()})
         scored_at = time.perf_counter()
         advantage = torch.as_tensor((rewards - base).reshape(-1), dtype=torch.float32,
                                     device=drawn.logprobs.device)
@@ -145,5 +149,5 @@ class SelfCritical(RewardedObjective):
         loss = scst_loss(drawn.logprobs, drawn_mask(drawn.tokens, self.setting.max_len),
                          advantage, share)
         return loss, {"reward": mean_part(rewards, s, share),
-                      "baseline": mean_part(base, s, share),
+                      "baseline": mean_part(base, s, share), **stats,
                       "time_sample": sampled_at - started, "time_reward": scored_at - sampled_at}

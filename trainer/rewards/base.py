@@ -43,6 +43,12 @@ class Reward:
         """[B] rewards of captions ``tokens`` [B, T] (``lengths`` words each) of ``image_ids``."""
         raise NotImplementedError
 
+    def score_parts(self, image_ids: Sequence[int] | np.ndarray, tokens: np.ndarray,
+                    lengths: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """:meth:`score`, and for a reward made of parts each part's own score by name, before
+        its weight (the mix's), so a run can log what each part did; one part: none."""
+        return self.score(image_ids, tokens, lengths), {}
+
     def close(self) -> None:
         """Let go of what it holds beyond memory (a scorer process); nothing by default."""
 

@@ -55,10 +55,18 @@ class Mix(Reward):
             raise
 
     def score(self, image_ids, tokens, lengths) -> np.ndarray:
-        total = np.zeros(len(tokens))
-        for weight, reward in self.parts:
-            total = total + weight * reward.score(image_ids, tokens, lengths)
-        return total
+        return self.score_parts(image_ids, tokens, lengths)[0]
+
+    def score_parts(self, image_ids, tokens, lengths) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The weighted sum, and each part's score by its name (``bleu``; a name that repeats
+        gets its place in ``parts``: ``bleu_2``)."""
+        total, parts = np.zeros(len(tokens)), {}
+        names = [part.name for part in self.config.parts]
+        for place, (name, (weight, reward)) in enumerate(zip(names, self.parts), 1):
+            part = reward.score(image_ids, tokens, lengths)
+            parts[name if names.count(name) == 1 else f"{name}_{place}"] = part
+            total = total + weight * part
+        return total, parts
 
     def close(self) -> None:
         for _, reward in self.parts:
