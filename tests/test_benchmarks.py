@@ -3,17 +3,15 @@ hand, not by the suite, so a renamed function would otherwise be found only by i
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 BENCHMARKS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py"))
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=[p.stem for p in BENCHMARKS])
 def test_a_benchmark_script_imports(script):
-    spec = importlib.util.spec_from_file_location(f"benchmark_{script.stem}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # top level only: main() runs under __main__
+    module = load_script(script, f"benchmark_{script.stem}")  # main() runs under __main__
     assert callable(getattr(module, "main", None)), f"{script.name}: no main()"

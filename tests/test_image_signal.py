@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +11,14 @@ from pipeline.captions.prepared import load_captions
 from pipeline.features.stores import Record, create_writer
 from trainer.config import load_experiment
 from trainer.train import train
+from scripts import load_script
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 from trainer_fixtures import test_meta as store_meta
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "image_signal.py"
 
 
 def image_signal():
-    spec = importlib.util.spec_from_file_location("image_signal", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.image_signal
+    return load_script("benchmarks/image_signal.py").image_signal
 
 
 def write_one_feature_for_all(path: Path, image_ids, dim=16) -> Path:

@@ -3,7 +3,6 @@ disk and GPU hours from the measured rates."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from cli import main as capstack
 from pipeline.engine.stagefile import load_stages_file
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("configs/coco.yaml", "configs/flickr8k.yaml", "configs/flickr30k.yaml")
@@ -18,11 +18,7 @@ FILES = ("configs/coco.yaml", "configs/flickr8k.yaml", "configs/flickr30k.yaml")
 
 @pytest.fixture(scope="module")
 def needs():
-    spec = importlib.util.spec_from_file_location("real_data_needs",
-                                                  ROOT / "benchmarks" / "real_data_needs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/real_data_needs.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ sampled side is drawn as SCST draws, and repeats from its seed."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +15,13 @@ from trainer.evaluation.loaded import load_model
 from trainer.evaluation.predict import predict
 from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
+from scripts import load_script
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "samples_and_decodes.py"
 
 
 def samples_and_decodes():
-    spec = importlib.util.spec_from_file_location("samples_and_decodes", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.samples_and_decodes
+    return load_script("benchmarks/samples_and_decodes.py").samples_and_decodes
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,8 @@ tiny workload (its full run is by hand: ~20 min and ~52 GB of disk at 123k image
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +20,8 @@ from pipeline.core.pointer import MAX_POINTER_BYTES, target_of, write_pointer
 from pipeline.features.stores import Record, Schema, create_writer, field, open_store
 from pipeline.features.stores.schema import cast, finite, representable
 from trainer.rewards.cider import sorted_unique
+from scripts import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- the stage check: a dataset json as a dep is hashed (cached), never parsed ------------
@@ -152,10 +150,7 @@ def test_a_record_twice_in_one_commit_is_written_once(tmp_path):
 # -- the script ---------------------------------------------------------------------------
 
 def load_scale():
-    spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/scale.py")
 
 
 def test_the_synthetic_workload_is_coco_shaped():
