@@ -32,7 +32,8 @@ def test_a_first_format_run_evaluates_and_resumes(tmp_path, monkeypatch):
     assert ckpt["experiment"]["decoder"] == {"name": "show_tell", "embed": 16, "hidden": 16}
     assert ckpt["experiment"]["objective"]["name"] == "xe"
     assert ckpt["identity"]["decoder"] == {"name": "show_tell", "embed": 16, "hidden": 16,
-                                           "layers": 1, "dropout": 0.5, "image_norm": True}
+                                           "layers": 1, "dropout": 0.5, "image_norm": True,
+                                           "image_input": "first"}
     metrics = evaluate_checkpoint("runs/v1", "evals/v1", spice=False)
     assert metrics["beam_size"] == 2 and metrics["training"] == "XE" and metrics["images"] == 3
     Path("v1.yaml").write_text(yaml.safe_dump({
