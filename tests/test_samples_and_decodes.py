@@ -16,7 +16,7 @@ from trainer.evaluation.predict import predict
 from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
 from scripts import load_script
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import prepared_with_grid, write_experiment
 
 
 
@@ -27,8 +27,7 @@ def samples_and_decodes():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("samples")
-    _, prepared = make_prepared(root)
-    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
+    prepared, store = prepared_with_grid(root)
     exp = write_experiment(root / "xe.yaml", decoder="show_tell", captions=prepared,
                            features=[store], epochs=2)
     train(load_experiment(exp), root / "xe", progress=False)
