@@ -65,14 +65,15 @@ def samples_and_decodes(checkpoint: str, split: str, samples: int, cider_cache: 
                            split=split)
     found: dict[str, list[dict]] = {"samples": [], "greedy": []}
     max_len = config.train.max_len  # what SCST samples and validation decodes
+    for batch in batches.epoch(0):  # first, while the checkpoint's BatchNorm is as saved
+        found["greedy"].append(scored(rewards, batch.image_ids, greedy_decode(
+            model, batch.feats.float(), batch.mask, max_len)))
+    model.train()  # as SCST draws: the run's dropout on (and batch norm on each batch)
     for batch in batches.epoch(0):
-        feats = batch.feats.float()
-        model.train()  # as SCST draws: the run's dropout on
-        drawn = sample(model, model.encode(feats, batch.mask), max_len, 1.0, n=samples)
+        drawn = sample(model, model.encode(batch.feats.float(), batch.mask), max_len, 1.0,
+                       n=samples)
         found["samples"].append(scored(rewards, np.repeat(np.asarray(batch.image_ids), samples),
                                        drawn.tokens))
-        found["greedy"].append(scored(rewards, batch.image_ids,
-                                      greedy_decode(model, feats, batch.mask, max_len)))
     return {kind: {key: float(np.concatenate([part[key] for part in parts]).mean())
                    for key in parts[0]} for kind, parts in found.items()}
 
