@@ -143,3 +143,33 @@ def test_a_plug_package_brings_every_module_in_its_folder(tmp_path):
     files = {str(p.relative_to(tmp_path)) for p in code_files("pipeline.user", tmp_path)}
     assert files == {"pipeline/__init__.py", "pipeline/user.py", "pipeline/plugs/__init__.py",
                      "pipeline/plugs/one.py", "pipeline/plugs/two.py"}
+
+
+@pytest.mark.slow  # a copy of capstack of its own (it is edited), two real trainings
+def test_a_stage_stale_by_an_edit_of_its_decoder_trains_afresh(tmp_path):
+    """The edit of a decoder the run trains, then `capstack run`: a training that trains (not
+    the finished run resumed, "already complete"), the old run kept beside it."""
+    import torch
+
+    script = capstack_copy(tmp_path)
+    work = tmp_path / "work"
+    prepared, grid = prepared_with_grid(work)
+    write_experiment(work / "exp.yaml", decoder="show_tell", captions=prepared,
+                     features=[grid], epochs=1)
+    (work / "stages.yaml").write_text(STAGES)
+    run(script, work, "run", "train")
+    decoder = script.parent / "trainer/decoders/show_tell.py"
+    decoder.write_text(decoder.read_text().replace("dropout: float = 0.5", "dropout: float = 0.1"))
+    assert train_status(script, work) == ("stale", ["code changed: trainer/decoders/show_tell.py"])
+    out = run(script, work, "run", "train")
+    assert "runs/exp set aside as runs/exp.old" in out
+    assert "train exp: 1 epochs" in out and "already complete" not in out
+    new, old = (torch.load(work / f"runs/{name}/best.pt", weights_only=False)
+                for name in ("exp", "exp.old"))
+    assert new["experiment"]["decoder"]["dropout"] == 0.1
+    assert old["experiment"]["decoder"]["dropout"] == 0.5
+    assert any(not torch.equal(new["model"][k], old["model"][k]) for k in new["model"])
+    assert train_status(script, work) == ("up to date", [])
+    forced = run(script, work, "run", "train", "--force")
+    assert "runs/exp set aside as runs/exp.old.2" in forced
+    assert "train exp: 1 epochs" in forced and "already complete" not in forced

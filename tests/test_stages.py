@@ -332,3 +332,112 @@ stages:
     assert "Running stage 'shapes@small/b'" in out
     assert (capstack.workdir / "data/small/b/dataset_shapes.json").is_file()
     assert states(capstack) == {"shapes@small/a": "never run", "shapes@small/b": "up to date"}
+
+
+# -- a stage that runs computes its outs afresh; only an interrupted run of it resumes ------------
+# The command acts as a resuming training does: outs it finds complete (out/done) are left as
+# they are; otherwise it adds a line to out/log (and fails when the file `fail` exists, before
+# its outs are complete).
+RESUMING = """
+stages:
+  make:
+    cmd: >-
+      mkdir -p out && if [ ! -f out/done ]; then echo ${n} $(date +%s%N) >> out/log;
+      if [ -f fail ]; then exit 1; fi; touch out/done; fi
+    shell: true
+    params: {n: 1}
+    deps: [input.txt]
+    outs: [out]
+"""
+
+
+@pytest.fixture
+def resuming(capstack):
+    (capstack.workdir / "stages.yaml").write_text(RESUMING)
+    (capstack.workdir / "input.txt").write_text("a\n")
+    return capstack
+
+
+def _log(workdir: Path, folder: str = "out") -> list[str]:
+    return [line.split()[0] for line in (workdir / folder / "log").read_text().splitlines()]
+
+
+def test_a_stale_stage_computes_its_outs_afresh_and_sets_the_old_ones_aside(resuming):
+    work = resuming.workdir
+    resuming.stage_cmd("run", "make")
+    first = (work / "out/log").read_text()
+    (work / "stages.yaml").write_text(RESUMING.replace("{n: 1}", "{n: 2}"))
+    out = resuming.stage_cmd("run", "make").output
+    assert "Running stage 'make' (stale: param n 1 -> 2)" in out
+    assert "out set aside as out.old" in out
+    assert _log(work) == ["2"]  # made by this run, not the old outs found complete
+    assert (work / "out.old/log").read_text() == first  # never deleted
+    assert states(resuming) == {"make": "up to date"}
+    (work / "input.txt").write_text("b\n")  # a dep's content: the same
+    resuming.stage_cmd("run", "make")
+    assert _log(work) == ["2"] and (work / "out.old.2/log").is_file()
+
+
+def test_a_forced_stage_computes_its_outs_afresh(resuming):
+    work = resuming.workdir
+    resuming.stage_cmd("run", "make")
+    first = (work / "out/log").read_text()
+    out = resuming.stage_cmd("run", "make", "--force").output
+    assert "Running stage 'make' (forced)" in out and "out set aside as out.old" in out
+    assert (work / "out/log").read_text() != first and (work / "out/done").is_file()
+    assert (work / "out.old/log").read_text() == first
+
+
+def test_an_interrupted_run_resumes_with_the_same_cmd_params_code_and_deps(resuming):
+    work = resuming.workdir
+    (work / "fail").touch()
+    assert resuming.stage_cmd("run", "make", expect_ok=False).exit_code != 0
+    (work / "fail").unlink()
+    out = resuming.stage_cmd("run", "make").output
+    assert "resuming its interrupted run" in out and "set aside" not in out
+    assert _log(work) == ["1", "1"]  # the interrupted run's outs, completed
+    assert not (work / "out.old").exists()
+    assert states(resuming) == {"make": "up to date"}
+
+
+def test_an_interrupted_run_of_other_params_or_deps_is_set_aside(resuming):
+    work = resuming.workdir
+    (work / "fail").touch()
+    resuming.stage_cmd("run", "make", expect_ok=False)
+    (work / "fail").unlink()
+    (work / "input.txt").write_text("changed\n")
+    out = resuming.stage_cmd("run", "make").output
+    assert "out set aside as out.old" in out and "resuming" not in out
+    assert _log(work) == ["1"] and _log(work, "out.old") == ["1"]
+    (work / "fail").touch()
+    (work / "stages.yaml").write_text(RESUMING.replace("{n: 1}", "{n: 3}"))
+    resuming.stage_cmd("run", "make", expect_ok=False)
+    (work / "fail").unlink()
+    (work / "stages.yaml").write_text(RESUMING.replace("{n: 1}", "{n: 4}"))
+    resuming.stage_cmd("run", "make")
+    # the complete outs of n=1, then the half made ones of n=3: each kept
+    assert _log(work) == ["4"] and _log(work, "out.old.2") == ["1"]
+    assert _log(work, "out.old.3") == ["3"]
+
+
+def test_an_out_remade_byte_for_byte_leaves_no_copy(project):
+    project.stage_cmd("demo")
+    out = project.stage_cmd("run", "prepare", "--force").output
+    assert "data/prepared set aside as data/prepared.old" in out
+    assert "data/prepared was made again byte for byte: its copy data/prepared.old removed" in out
+    assert not (project.workdir / "data/prepared.old").exists()
+    assert states(project)["prepare"] == "up to date"
+
+
+def test_an_out_being_written_is_never_set_aside(resuming):
+    from pipeline.core.runlock import exclusive_beside
+
+    work = resuming.workdir
+    resuming.stage_cmd("run", "make")
+    before = (work / "out/log").read_text()
+    with exclusive_beside(work / "out", "training into out"):
+        result = resuming.stage_cmd("run", "make", "--force", expect_ok=False)
+    assert result.exit_code != 0
+    assert "stage 'make': its out out cannot be set aside: a write of out is already running: " \
+        "held by pid" in result.output
+    assert (work / "out/log").read_text() == before and not (work / "out.old").exists()

@@ -49,7 +49,8 @@ from pipeline.core.hashing import HashCache
 from pipeline.core.pointer import target_of
 from pipeline.core.regular import read_text
 from pipeline.core.yamlfile import extends_chain
-from pipeline.core.runlock import exclusive_run, waiting_lock
+from pipeline.core.runlock import (exclusive_beside, exclusive_run, lock_beside,
+                                   waiting_lock)
 from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
                                          distribution_versions, project_root)
 from pipeline.engine.keeper import run_kept
@@ -354,6 +355,9 @@ class Pipeline:
         return [n for n in self.file.order if self._run_one(self.file.stage(n), False, report)]
 
     def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
+        """Run ``stage`` when it is not up to date (or ``force``), from a clean start: its
+        outs are set aside first (:meth:`_set_aside_outs`), unless they are what a run of this
+        very stage left when it was interrupted (:meth:`_resumes`), which its command resumes."""
         holder = self.state_dir / "running" / f"{self.file.path.stem}.{lock_name(stage.name)}.pid"
         with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}") as lock:
             status = self.own_status(stage)
@@ -362,8 +366,99 @@ class Pipeline:
                 return False
             why = "forced" if status.up_to_date else status.describe()
             report(f"Running stage '{stage.name}' ({why}): {stage.cmd}")
+            self._check_outs_inside(stage)
+            attempt = self._attempt(stage)
+            if not force and self._resumes(stage, attempt):
+                report(f"Stage '{stage.name}': resuming its interrupted run (the same cmd, "
+                       f"params, code and deps)")
+                set_aside = {}
+            else:
+                set_aside = self._set_aside_outs(stage, report)
+            self._write_attempt(stage, attempt)
             self._execute(stage, lock)
+            self._attempt_path(stage).unlink(missing_ok=True)
+            self._drop_unchanged(set_aside, report)
             return True
+
+    # -- a run's clean start ------------------------------------------------------------
+    # A stage that runs because it is stale or forced computes its outs afresh, as dvc does
+    # (it removes them; capstack sets them aside): a command that finds its outs complete
+    # (a training's last.pt at its last epoch, a store already full) would otherwise do
+    # nothing, and the engine would record what it did not make as up to date. The one
+    # exception is a run of the same stage interrupted with the same cmd, params, code and
+    # deps: its outs are that run's, half made, and its command resumes them. The record of a
+    # run as it starts (its "attempt") tells the two apart.
+    def _named(self, path: Path) -> str:
+        """``path`` (under the workdir, links not followed) as the stages file names it."""
+        return str(path.relative_to(self.workdir)) if path.is_relative_to(self.workdir) \
+            else str(path)
+
+    def _attempt_path(self, stage: Stage) -> Path:
+        return self.state_dir / "attempts" / f"{self.file.path.stem}.{lock_name(stage.name)}.yaml"
+
+    def _attempt(self, stage: Stage) -> dict:
+        """What a run of ``stage`` starting now is made of: its cmd, params, code and deps."""
+        return {"cmd": stage.cmd_template, "shell": stage.shell, "params": stage.params,
+                "code": self._code_digest(stage),
+                "deps": {p: d and d["md5"] for p, d in self._digests(self._deps(stage)).items()}}
+
+    def _write_attempt(self, stage: Stage, attempt: dict) -> None:
+        path = self._attempt_path(stage)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp:
+            tmp.write_text(yaml.dump(attempt, Dumper=_Dumper, sort_keys=False))
+
+    def _resumes(self, stage: Stage, attempt: dict) -> bool:
+        """Whether the stage's outs are those of its run interrupted with ``attempt``'s very
+        cmd, params, code and deps (a damaged or unreadable record is no such run)."""
+        try:
+            text = read_text(self._attempt_path(stage), "a stage's attempt record")
+            recorded = yaml.load(text, Loader=_Loader)
+        except FileNotFoundError:
+            return False
+        except (OSError, CapstackError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+            return False
+        return isinstance(recorded, dict) and same_value(recorded, attempt)
+
+    def _set_aside_outs(self, stage: Stage, report: Callable[[str], None]) -> dict[Path, Path]:
+        """Move each existing out to ``<out>.old`` (``.old.2``, ... when taken): never deleted.
+        An out whose lock (``<out>.lock``: a training or an extraction writing it) is held
+        is refused, naming the holder. Returns each out's new place, by out."""
+        moved = {}
+        for out in stage.outs:
+            path = self._path(out)
+            if not (path.exists() or path.is_symlink()):
+                continue
+            if lock_beside(path).is_file():
+                try:
+                    with exclusive_beside(path, f"a write of {out}"):
+                        pass
+                except CapstackError as error:
+                    raise CapstackError(f"stage '{stage.name}': its out {out} cannot be set "
+                                        f"aside: {error}") from None
+            kept = unused_sibling(path, ".old")
+            os.replace(path, kept)
+            report(f"Stage '{stage.name}': {out} set aside as {self._named(kept)} "
+                   f"(a stage that runs computes its outs afresh)")
+            moved[path] = kept
+        return moved
+
+    def _drop_unchanged(self, set_aside: Mapping[Path, Path], report: Callable[[str], None]
+                        ) -> None:
+        """Remove a set-aside out that the run made again byte for byte: nothing is lost, and
+        a rerun that changes nothing (a feature pointer, a deterministic prepare) leaves no
+        copy behind."""
+        for path, kept in set_aside.items():
+            old, new = self._hashes.digest(kept), self._hashes.digest(path)
+            if old is None or new is None or old.md5 != new.md5 or kept.is_symlink() \
+                    or path.is_symlink():
+                continue
+            if kept.is_dir():
+                shutil.rmtree(kept)
+            else:
+                kept.unlink()
+            report(f"{self._named(path)} was made again byte for byte: its copy "
+                   f"{self._named(kept)} removed")
 
     def _check_outs_inside(self, stage: Stage) -> None:
         """Refuse an out outside the workdir (``../x``, ``/abs``, ``a/../..``) unless the user
