@@ -144,8 +144,18 @@ class TerminatedExit(click.ClickException):
 
 
 def stop_on_sigterm(signum, frame):
-    raise Terminated("stopped by SIGTERM: what was finished is kept (whole batches of an "
-                     "extraction, checkpoints of a training); the same command resumes")
+    raise Terminated("stopped by SIGTERM")
+
+
+# What a command stopped by SIGTERM leaves, said after "stopped by SIGTERM" (a command not named
+# here promises nothing).
+WHAT_A_STOP_KEEPS = {
+    "train": "its checkpoints are kept; the same command resumes from the last",
+    "extract-grid": "whole batches are kept in the store; the same command resumes",
+    "extract-regions": "whole batches are kept in the store; the same command resumes",
+    "evaluate": "its evaluation folder is as it was before (an evaluation's files change "
+                "together); the same command evaluates again from the start",
+}
 
 
 class CapstackGroup(click.Group):
@@ -161,7 +171,8 @@ class CapstackGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Terminated as e:
-            raise TerminatedExit(str(e)) from None
+            kept = WHAT_A_STOP_KEEPS.get(ctx.invoked_subcommand or "")
+            raise TerminatedExit(f"{e}: {kept}" if kept else str(e)) from None
         except CapstackError as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:  # what no writer named itself: the disk or a path refused
@@ -728,7 +739,9 @@ def runs_cmd(workdir, as_json):
     """The runs under WORKDIR/runs/ (default: here), by name: decoder, objective, epochs done
     of those planned, state (running, finished, failed, stopped), best validation CIDEr and
     test CIDEr once evaluated (evals/NAME/, or the run's eval/ where older capstacks wrote),
-    x100 as the report prints them (--json: as stored, 0 to 1 and beyond)."""
+    x100 as the report prints them (--json: as stored, 0 to 1 and beyond). A run is one row
+    whatever its names; a name linking out of WORKDIR/runs/ (an experiment's view of its
+    baseline's runs) is shown as the link it is."""
     from dataclasses import asdict
 
     from trainer.runs import list_runs
@@ -744,14 +757,16 @@ def runs_cmd(workdir, as_json):
     def best(r):
         if r.best_cider is None:
             return "-"
-        at = f"epoch {r.best_epoch}" if r.best_epoch else "start"
+        at = "epoch ?" if r.best_epoch is None else f"epoch {r.best_epoch}" if r.best_epoch \
+            else "start"
         return f"{_percent(r.best_cider)} ({at})"
 
     def known(value):
         return "?" if value is None else str(value)
 
     table = [("name", "decoder", "objective", "epochs", "state", "best val CIDEr", "test CIDEr")]
-    table += [(r.name, known(r.decoder), known(r.objective),
+    table += [(r.name if r.link is None else f"{r.name} -> {r.link}", known(r.decoder),
+               known(r.objective),
                f"{known(r.epochs_done)}/{known(r.epochs)}", known(r.state), best(r),
                "-" if r.test_cider is None else _percent(r.test_cider)) for r in rows]
     widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
@@ -760,6 +775,11 @@ def runs_cmd(workdir, as_json):
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         for note in ([f"{r.state}: {r.error}"] if r.error else []) + r.notes:
             click.echo(f"    {note}")
+        if r.link is not None:
+            click.echo("    not this folder's own run: a link to another's (as an experiment "
+                       "links its baseline's)")
+        for name in r.links:
+            click.echo(f"    also named {name} (a link to this run)")
 
 
 # option -> (field of trainer/decoding_options.py's DecodingConfig, click parameter); each one's
@@ -852,7 +872,8 @@ def evaluate_cmd(targets, refs, out_dir, split, beam_size, max_len, figures, max
     eval: section says unless options override it; several with --ensemble, as one model; or
     score RESULTS --refs REFS. The decoding options (--search, --sample-method, ..., --n) are
     docs/training.md's "Decoding options"."""
-    from trainer.evaluation.evaluate import evaluate_checkpoint
+    from trainer.evaluation.evaluate import (check_evaluation_replaceable, evaluate_checkpoint,
+                                             evaluation_folder_written)
     from trainer.runs import evaluation_folder
     from trainer.scoring.metrics import score_files
 
@@ -869,13 +890,16 @@ def evaluate_cmd(targets, refs, out_dir, split, beam_size, max_len, figures, max
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a checkpoint; with --refs "
                                    f"TARGET is a results file, already decoded")
+        if out_dir:
+            check_evaluation_replaceable(out_dir)
         scores, statistics = score_files(target, refs, max_refs=max_refs or 0)
-        if out_dir:  # what the line below says was written
+        if out_dir:  # what the line below says was written, the two files together
             from pipeline.core.jsonfile import write_json
             from trainer.scoring.metrics import STATISTICS_FILE
 
-            write_json(out_dir / "metrics.json", scores)
-            write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
+            with evaluation_folder_written(out_dir) as folder:
+                write_json(folder / "metrics.json", scores)
+                write_json(folder / STATISTICS_FILE, statistics, indent=None)
     else:
         out_dir = out_dir or (ensemble_folder(targets, evaluation_folder) if ensemble
                               else evaluation_folder(target))
@@ -1220,21 +1244,24 @@ def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, experime
             outs_outside_workdir):
     """Run one STAGE, unless it is up to date; with --set, --name or --seeds, as named
     experiments beside the baseline (`capstack exp list`)."""
-    from pipeline.engine.experiments import parse_seeds, pipeline_of, runs_asked
+    from pipeline.engine.experiments import parse_seeds, pipeline_of, running_in, runs_asked
 
     pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
     asked = runs_asked(pipeline, stage, assignments, experiment,
                        parse_seeds(seeds) if seeds else ())
-    for run in asked:
-        where = pipeline if run is None else pipeline_of(pipeline, run)
+    # every run checked before the first runs; an experiment's folder is made when it runs
+    planned = [(run, pipeline if run is None else pipeline_of(pipeline, run)) for run in asked]
+    for run, where in planned:
         if seeds and run is not None and run.name != run.group and stage not in where.own:
             raise CapstackError(f"--seeds: experiment {run.name} does not change stage "
                                 f"'{stage}' (its seed is set on {', '.join(run.roots)}); run "
                                 f"the seeds on a stage upstream of it first")
+    for run, where in planned:
         if len(asked) > 1 or run is not None:  # where each run's outs go
             click.echo("== baseline" if run is None else
                        f"== experiment {run.name}: {where.workdir.relative_to(pipeline.workdir)}/")
-        where.run(stage, force=force, with_deps=with_deps, report=click.echo)
+        with running_in(run):
+            where.run(stage, force=force, with_deps=with_deps, report=click.echo)
 
 
 @main.group("exp")
@@ -1244,12 +1271,13 @@ def exp_group():
 
 
 def _experiments(stages_path: Path, workdir: Path, names=()):
-    from pipeline.engine.experiments import experiments, pipeline_of, read_experiment
+    """The baseline and the experiments NAMES (default: every usable one, the others said)."""
+    from pipeline.engine.experiments import pipeline_of, pipelines_listed, read_experiment
 
     baseline = _pipeline(stages_path, workdir)
-    chosen = [read_experiment(baseline.workdir, n) for n in names] if names \
-        else experiments(baseline.workdir)
-    return baseline, [pipeline_of(baseline, e) for e in chosen]
+    if not names:
+        return baseline, pipelines_listed(baseline)
+    return baseline, [pipeline_of(baseline, read_experiment(baseline.workdir, n)) for n in names]
 
 
 def _echo_table(rows) -> None:

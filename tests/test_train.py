@@ -396,3 +396,76 @@ def test_evaluation_reads_the_eval_settings_of_the_experiment(data, tmp_path):
     with pytest.raises(CapstackError,
                        match="capstack evaluate: eval.beam_size: must be from 1 to 100, got 0"):
         evaluate_checkpoint(tmp_path / "run", tmp_path / "e4", beam_size=0, spice=False)
+
+
+@pytest.fixture
+def one_run(data, tmp_path):
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[grid], epochs=1)
+    train(load_experiment(path, ["eval.figures=0"]), tmp_path / "run", progress=False)
+    return tmp_path / "run"
+
+
+def _folder_bytes(folder) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("stop", ["disk full on the last file", "SIGTERM while scoring"])
+def test_an_evaluation_stopped_part_way_leaves_the_one_before_whole(one_run, tmp_path,
+                                                                    monkeypatch, capstack, stop):
+    """metrics.json and image_statistics.json (which --compare resamples) change together: a
+    stop between them left the new metrics beside the old statistics."""
+    import cli
+    import trainer.evaluation.evaluate as evaluate
+    from pipeline.core.jsonfile import write_json
+
+    out = tmp_path / "eval"
+    evaluate_checkpoint(one_run, out, beam_size=1, spice=False)
+    before = _folder_bytes(out)
+    if stop.startswith("disk"):
+        def fails_on_statistics(path, value, indent=1):
+            if path.name == "image_statistics.json":
+                raise OSError(28, "No space left on device", str(path))
+            return write_json(path, value, indent)
+        monkeypatch.setattr(evaluate, "write_json", fails_on_statistics)
+    else:
+        def terminated(*args, **kwargs):
+            raise cli.Terminated("stopped by SIGTERM")
+        monkeypatch.setattr(evaluate, "scored_images", terminated)
+    result = capstack("evaluate", one_run, "--out", out, "--beam", 2, expect_ok=False)
+    assert result.exit_code != 0
+    if stop.startswith("SIGTERM"):
+        assert result.exit_code == 143
+        assert "stopped by SIGTERM: its evaluation folder is as it was before" in result.output
+        assert "resumes" not in result.output
+    assert _folder_bytes(out) == before  # the beam-1 evaluation, whole
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+    monkeypatch.undo()
+    capstack("evaluate", one_run, "--out", out, "--beam", 2)
+    assert json.loads((out / "metrics.json").read_text())["beam_size"] == 2
+
+
+def test_an_evaluation_replaces_its_folder_whole_and_nothing_else(one_run, tmp_path, capstack):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "attention").mkdir()
+    (out / "attention" / "7.png").write_bytes(b"an older evaluation's picture")
+    (out / "metrics.json").write_text("{}")  # an evaluation folder of an older capstack
+    capstack("evaluate", one_run, "--out", out, "--beam", 1, "--figures", 0)
+    assert not (out / "attention").exists()  # nothing of the evaluation before is left
+    assert json.loads((out / "metrics.json").read_text())["beam_size"] == 1
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused = capstack("evaluate", one_run, "--out", mine, expect_ok=False)
+    assert refused.exit_code != 0
+    assert f"{mine}: holds what an evaluation does not write (notes.txt)" in refused.output
+    assert (mine / "notes.txt").read_text() == "mine"
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    with pytest.raises(CapstackError, match="a-file: not a folder; an evaluation writes a "
+                                            "folder of its own"):
+        evaluate_checkpoint(one_run, file, spice=False)
+    assert file.read_text() == "x"

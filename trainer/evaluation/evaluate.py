@@ -18,11 +18,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.captions.prepared import load_captions
+from pipeline.core.atomic import OUTPUT_MARKER, atomic_dir, writer_of
+from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from pipeline.core.regular import NotRegular, read_text
@@ -32,6 +36,7 @@ from trainer.config import EvalConfig, ExperimentConfig, from_dict
 from trainer.data import Features, covered, eval_batches
 from trainer.decoding_options import DecodingConfig
 from trainer.evaluation.ensembles import RUN_JOIN, LoadedEnsemble, Member, joined, load_ensemble
+from trainer.evaluation.evaluations import recipe_digest
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.loaded import load_model
 from trainer.evaluation.pictures import Pictures
@@ -48,14 +53,25 @@ def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str) -> dict
     """What made this row, for the report to tell rows apart (it shows those that vary): the
     run, its decoder, objective and reward, the features (their files' names), the seed, and
     the decoding and scoring settings; the named experiment whose stage ran it
-    (``CAPSTACK_EXPERIMENT``, set by the stage engine; empty for the baseline's)."""
+    (``CAPSTACK_EXPERIMENT``, set by the stage engine; empty for the baseline's); ``recipe``,
+    the digest of :func:`recipe_of` (rows merge over seeds only when it is the same)."""
     reward = getattr(config.objective.config, "reward", None)
     return {"experiment": os.environ.get("CAPSTACK_EXPERIMENT", ""),
             "run": str(Path(checkpoint).parent), "decoder": config.decoder.name,
             "objective": config.objective.name, "reward": getattr(reward, "name", ""),
             "features": "+".join(Path(f).stem for f in config.data.features),
             "seed": config.train.seed, "beam": s.beam_size, "max_len": s.max_len,
-            "split": s.split, "max_refs": s.max_refs, "decoding": s.describe()}
+            "split": s.split, "max_refs": s.max_refs, "decoding": s.describe(),
+            "recipe": recipe_digest(recipe_of(config))}
+
+
+def recipe_of(config: ExperimentConfig) -> dict:
+    """The experiment a run was trained with, but for its seed (what runs over seeds differ
+    in), its name (the row's approach) and ``eval:`` (what the evaluation ran with is the
+    setting's own): two runs of one recipe differ only by chance."""
+    experiment = config.to_dict()
+    kept = {key: value for key, value in experiment.items() if key not in ("name", "eval")}
+    return {**kept, "train": {k: v for k, v in experiment["train"].items() if k != "seed"}}
 
 
 def eval_settings(saved: EvalConfig, decoding: DecodingConfig | Mapping[str, Any] | None = None,
@@ -92,16 +108,14 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
         check_identity(ckpt["identity"],
                        identity(member_config.decoder.name, asdict(member_config.decoder.config),
                                 captions.vocab.itow, features.describe()), Path(ckpt["path"]))
+    check_evaluation_replaceable(Path(out_dir))
     dev = pick_device(device)
     preds = predict(model.to(dev), vocab, eval_batches(captions, features, s.split, EVAL_BATCH),
-                    dev, decoding=s.decoding)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / f"results_{s.split}.json", results_of(preds, s.n))
+                    dev, decoding=s.decoding, progress=len(captions.rows(s.split)))
     every_caption = captions_by_image(preds)
-    preds = [p for p in preds if p.rank == 1]  # what is scored and drawn
+    ranked_first = [p for p in preds if p.rank == 1]  # what is scored and drawn
     references = load_references(captions.references_path(s.split))
-    scores, statistics = scored_images({p.image_id: " ".join(p.words) for p in preds},
+    scores, statistics = scored_images({p.image_id: " ".join(p.words) for p in ranked_first},
                                        references, spice=spice, max_refs=s.max_refs)
     if s.n > 1:
         scores["diversity"] = {**scores.get("diversity", {}),
@@ -109,19 +123,65 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
     row = row_of(loaded, s)
     what = {key: row.pop(key) for key in ("checkpoint", "epoch", "setting")}
     metrics = {**row, **scores, **dataclasses.asdict(s), **what}
-    write_json(out_dir / "metrics.json", metrics)
-    write_json(out_dir / STATISTICS_FILE, statistics, indent=None)
-    if s.figures:  # an ensemble's steps give no attention: no attention pictures
-        pictures = Pictures(preds[:s.figures], vocab, features, captions, out_dir, dev, s.max_len)
-        pictures.attention()
-        model.figures(pictures)  # what else the decoder shows (stages, goals)
-    run_dir = Path(loaded.members[0].checkpoint["path"]).parent
-    if not loaded.ensemble and (run_dir / "metrics.jsonl").is_file():
-        before = _starting_log(config.train.init_from)
-        training_curves(run_dir / "metrics.jsonl", out_dir / "curves.png", before=before,
-                        labels=(_training_of(before), loaded.members[0].checkpoint["table"]
-                                ["training"]))
+    with evaluation_folder_written(Path(out_dir)) as folder:
+        write_json(folder / f"results_{s.split}.json", results_of(preds, s.n))
+        write_json(folder / "metrics.json", metrics)
+        write_json(folder / STATISTICS_FILE, statistics, indent=None)
+        if s.figures:  # an ensemble's steps give no attention: no attention pictures
+            pictures = Pictures(ranked_first[:s.figures], vocab, features, captions, folder, dev,
+                                s.max_len)
+            pictures.attention()
+            model.figures(pictures)  # what else the decoder shows (stages, goals)
+        run_dir = Path(loaded.members[0].checkpoint["path"]).parent
+        if not loaded.ensemble and (run_dir / "metrics.jsonl").is_file():
+            before = _starting_log(config.train.init_from)
+            training_curves(run_dir / "metrics.jsonl", folder / "curves.png", before=before,
+                            labels=(_training_of(before), loaded.members[0].checkpoint["table"]
+                                    ["training"]))
     return metrics
+
+
+# -- an evaluation's files change together ------------------------------------------------------
+# report reads metrics.json, --compare/--baseline/--versus-xe resample image_statistics.json, the
+# pictures show results_<split>.json: written one by one, a stop between two of them (SIGTERM
+# while scoring, a full disk on the last write) left a folder whose files came from two
+# evaluations, and the comparisons resampled the old statistics under the new metrics' name. An
+# evaluation is written whole into a folder beside its place, then renamed into it.
+EVALUATION_FILES = re.compile(r"metrics\.json|image_statistics\.json|results_\w+\.json|"
+                              r"curves\.png|attention|stages|goals")
+
+
+def check_evaluation_replaceable(out_dir: Path) -> None:
+    """Refuse, before any decoding, an ``out_dir`` that an evaluation may not replace whole:
+    not a folder, one another command wrote, or one holding what no evaluation writes (an
+    evaluation folder of an older capstack, without the marker, holds only an evaluation's
+    files and is replaced)."""
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        what = "a symbolic link" if out_dir.is_symlink() else "not a folder"
+        raise CapstackError(f"{out_dir}: {what}; an evaluation writes a folder of its own: "
+                            f"choose another --out")
+    wrote = writer_of(out_dir)
+    if wrote not in (None, "", "evaluate"):
+        raise CapstackError(f"{out_dir}: `capstack {wrote}` wrote it; an evaluation replaces its "
+                            f"folder whole: choose another --out")
+    others = sorted(p.name for p in out_dir.iterdir()
+                    if p.name != OUTPUT_MARKER and not EVALUATION_FILES.fullmatch(p.name))
+    if wrote is None and others:
+        shown = ", ".join(others[:5]) + (f", ... ({len(others)})" if len(others) > 5 else "")
+        raise CapstackError(f"{out_dir}: holds what an evaluation does not write ({shown}); an "
+                            f"evaluation replaces its folder whole: choose another --out")
+
+
+@contextmanager
+def evaluation_folder_written(out_dir: Path):
+    """A fresh folder for the block to write an evaluation into, which then takes the place of
+    ``out_dir`` whole (the evaluation before it gone with it): stopped or failed in the block,
+    ``out_dir`` is left as it was, and the folder removed."""
+    check_evaluation_replaceable(out_dir)
+    with atomic_dir(out_dir, "evaluate", force=True) as folder:
+        yield folder
 
 
 def _load(checkpoint: str | Path | Sequence[str | Path]):
@@ -137,24 +197,26 @@ def _load(checkpoint: str | Path | Sequence[str | Path]):
 
 def row_of(loaded, s: EvalConfig) -> dict:
     """metrics.json's account of what was evaluated: the approach, objective, training labels,
-    checkpoint, epoch and :func:`setting_of`. An ensemble's approach is ``ensemble: NAMES``,
-    its checkpoints and epochs are lists, and its setting joins the members' runs, decoders,
-    objectives, rewards and seeds with ``+`` and counts them under ``ensemble``."""
+    recipe (:func:`recipe_of`), checkpoint, epoch and :func:`setting_of`. An ensemble's
+    approach is ``ensemble: NAMES``, its recipes, checkpoints and epochs are lists, and its
+    setting joins the members' runs, decoders, objectives, rewards, seeds and recipes with
+    ``+`` and counts them under ``ensemble``."""
 
     members = loaded.members
     settings = [setting_of(m.config, s, m.checkpoint["path"]) for m in members]
     first = members[0]
     if not loaded.ensemble:
         return {"approach": first.config.name, "objective": first.config.objective.name,
-                **first.checkpoint["table"], "checkpoint": first.checkpoint["path"],
+                **first.checkpoint["table"], "recipe": recipe_of(first.config),
+                "checkpoint": first.checkpoint["path"],
                 "epoch": first.checkpoint["best_epoch"] + 1, "setting": settings[0]}
     tables = [m.checkpoint["table"] for m in members]
     setting = {**settings[0], "run": RUN_JOIN.join(x["run"] for x in settings),
                **{key: joined([x[key] for x in settings])
-                  for key in ("decoder", "objective", "reward", "seed")},
+                  for key in ("decoder", "objective", "reward", "seed", "recipe")},
                "ensemble": len(members)}
     return {"approach": f"ensemble: {joined([m.config.name for m in members])}",
-            "objective": setting["objective"],
+            "objective": setting["objective"], "recipe": [recipe_of(m.config) for m in members],
             **{key: joined([t.get(key, "") for t in tables]) for key in tables[0]},
             "checkpoint": [m.checkpoint["path"] for m in members],
             "epoch": [m.checkpoint["best_epoch"] + 1 for m in members], "setting": setting}
