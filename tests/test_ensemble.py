@@ -303,8 +303,49 @@ def test_the_command_line_evaluates_an_ensemble_beside_the_first_run(runs):
     out = invoke("evaluate", runs["top_down"], runs["transformer"], "--ensemble", "--figures", 0,
                  "--n", 2)
     assert out.exit_code == 0, out.output
-    folder = runs["top_down"].parent.parent / "evals" / "ensemble-top_down+transformer"
+    from trainer.evaluation.ensembles import members_digest
+
+    digest = members_digest([runs["top_down"], runs["transformer"]])
+    folder = runs["top_down"].parent.parent / "evals" / f"ensemble-top_down+transformer-{digest}"
     metrics = json.loads((folder / "metrics.json").read_text())
     assert metrics["setting"]["ensemble"] == 2
     assert metrics["diversity"]["n_best"]["n"] == 2
     shutil.rmtree(folder)
+
+
+def test_an_ensembles_default_folder_is_its_members_own(tmp_path):
+    """Runs of the same folder names in other places (seeds of one experiment), and names holding
+    the joining '+', gave two ensembles one folder, the second replacing the first."""
+    from cli import ensemble_folder
+    from trainer.runs import evaluation_folder
+
+    def folder(*runs):
+        return ensemble_folder([tmp_path / r for r in runs], evaluation_folder)
+
+    seed1, seed2 = folder("runs/st", "exps/seed1/runs/st"), folder("runs/st", "exps/seed2/runs/st")
+    assert seed1 != seed2
+    assert seed1.parent == seed2.parent == tmp_path / "evals"
+    assert seed1.name.startswith("ensemble-st+st-")
+    assert len(seed1.name) == len("ensemble-st+st-") + 8
+    assert folder("runs/a+b", "runs/c") != folder("runs/a", "runs/b+c")
+    assert folder("runs/st", "runs/x") != folder("runs/x", "runs/st")  # the first leads
+    (tmp_path / "runs/st").mkdir(parents=True)
+    (tmp_path / "runs/st/best.pt").touch()
+    assert folder("runs/st", "runs/x") == ensemble_folder(
+        [tmp_path / "runs/st/best.pt", tmp_path / "runs/x"], evaluation_folder)
+
+
+def test_an_evaluation_of_other_runs_is_never_replaced_by_an_ensembles(runs, tmp_path):
+    from pipeline.core.errors import CapstackError
+    from trainer.evaluation.evaluate import evaluate_checkpoint
+
+    out = tmp_path / "eval"
+    evaluate_checkpoint([runs["top_down"], runs["transformer"]], out, figures=0, spice=False)
+    before = (out / "metrics.json").read_bytes()
+    with pytest.raises(CapstackError, match="eval: holds the evaluation of .*top_down.*"
+                                            "transformer.*, not of this ensemble's runs"):
+        evaluate_checkpoint([runs["transformer"], runs["top_down"]], out, figures=0, spice=False)
+    assert (out / "metrics.json").read_bytes() == before
+    again = evaluate_checkpoint([runs["top_down"] / "best.pt", runs["transformer"]], out,
+                                figures=0, spice=False, beam_size=1)  # the same members
+    assert again["beam_size"] == 1

@@ -9,12 +9,14 @@ its ``eval:`` settings).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
+from pipeline.core.jsonfile import read_json
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ExperimentConfig
 from trainer.decoders.base import Decoder
@@ -112,3 +114,54 @@ def joined(values: Sequence[object]) -> object:
     agree (a seed stays a number)."""
     texts = [str(v) for v in values]
     return values[0] if len(set(texts)) == 1 else RUN_JOIN.join(texts)
+
+
+# -- where an ensemble's evaluation goes ----------------------------------------------------------
+def member_checkpoint(target: str | Path) -> Path:
+    """A member as one file, whichever way it was given (a run folder: its best.pt), resolved:
+    ``runs/a`` and ``runs/a/best.pt`` are one member."""
+    path = Path(target)
+    return (path / "best.pt" if path.is_dir() else path).resolve()
+
+
+def members_digest(targets: Sequence[str | Path]) -> str:
+    """8 hex digits of the members' checkpoints, in order (the first supplies the data and the
+    ``eval:`` settings, so order matters)."""
+    text = "\0".join(str(member_checkpoint(t)) for t in targets)
+    return hashlib.md5(text.encode()).hexdigest()[:8]
+
+
+def default_folder(targets: Sequence[str | Path], evaluation_folder) -> Path:
+    """``ensemble-A+B-<digest>`` beside the first run's evaluation folder (A, B the runs'
+    folder names, shortened when long): the names alone were the same for ``runs/st`` +
+    ``exps/seed1/runs/st`` and ``runs/st`` + ``exps/seed2/runs/st`` (and for ``a+b`` + ``c``
+    and ``a`` + ``b+c``), whose evaluations then replaced each other; the digest of the
+    members' checkpoints makes the folder theirs alone."""
+    names = RUN_JOIN.join(evaluation_folder(Path(t)).name for t in targets)
+    if len(names) > NAMES_SHOWN:
+        names = names[:NAMES_SHOWN].rstrip(RUN_JOIN) + "..."
+    first = evaluation_folder(Path(targets[0]))
+    return first.with_name(f"ensemble-{names}-{members_digest(targets)}")
+
+
+NAMES_SHOWN = 80  # characters of the members' names in a default folder's name
+
+
+def check_same_members(out_dir: Path, targets: Sequence[str | Path]) -> None:
+    """Refuse to replace, in ``out_dir``, the evaluation of an ensemble of other members (or of
+    one run) with this ensemble's: an evaluation is never silently replaced by another
+    model's."""
+    if not (out_dir / "metrics.json").is_file():
+        return
+    try:
+        recorded = read_json(out_dir / "metrics.json", "an evaluation's metrics")
+    except (CapstackError, ValueError, OSError):
+        return  # not an evaluation capstack can read: check_evaluation_replaceable decides
+    before = recorded.get("checkpoint") if isinstance(recorded, dict) else None
+    before = before if isinstance(before, list) else [before] if isinstance(before, str) else []
+    if [str(member_checkpoint(c)) for c in before] != [str(member_checkpoint(t))
+                                                        for t in targets]:
+        shown = RUN_JOIN.join(map(str, before)) or "an unknown model"
+        raise CapstackError(f"{out_dir}: holds the evaluation of {shown}, not of this "
+                            f"ensemble's runs; an evaluation of other runs is never replaced: "
+                            f"choose another --out")

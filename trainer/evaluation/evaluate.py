@@ -35,7 +35,8 @@ from trainer.objectives import table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, from_dict
 from trainer.data import Features, covered, eval_batches
 from trainer.decoding_options import DecodingConfig
-from trainer.evaluation.ensembles import RUN_JOIN, LoadedEnsemble, Member, joined, load_ensemble
+from trainer.evaluation.ensembles import (RUN_JOIN, LoadedEnsemble, Member, check_same_members,
+                                         joined, load_ensemble)
 from trainer.evaluation.evaluations import recipe_digest
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.loaded import load_model
@@ -96,6 +97,8 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
     a mapping such as ``{"search": "diverse", "group_size": 2}``, or a whole
     :class:`DecodingConfig`. ``checkpoint`` as a list (or tuple), even of one: the runs'
     ensemble (trainer/ensemble.py), decoded with the first run's data and ``eval:`` settings."""
+    if not isinstance(checkpoint, (str, Path)):
+        check_same_members(Path(out_dir), list(checkpoint))
     loaded = _load(checkpoint)
     model, vocab, config = loaded.model, loaded.vocab, loaded.config
     s = eval_settings(config.eval, decoding, split=split, beam_size=beam_size, max_len=max_len,
