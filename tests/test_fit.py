@@ -7,7 +7,9 @@ refused with one line naming the file and what does not fit, never a traceback.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -224,6 +226,55 @@ def test_a_deeply_nested_value_is_refused_before_its_checksum_is_computed(tmp_pa
                   second_format=True)
     with pytest.raises(CapstackError, match=rf"{path}: extra nests more than 32 levels deep"):
         load_checkpoint(path)
+
+
+class Model(torch.nn.Module):
+    """What ``torch.save(model)`` pickles: the module itself, not its state_dict."""
+
+
+def test_a_checkpoint_of_pickled_objects_is_named_in_one_line_never_advising_weights_only(
+        tmp_path):
+    """torch's refusal was passed on whole: six lines advising weights_only=False, which runs
+    whatever the file says; for a run, and for a file given as an ensemble member."""
+    from trainer.evaluation.ensembles import load_ensemble
+
+    for saved, named in ((Model(), "test_fit.Model"),
+                         ({"format": FORMAT, "experiment": argparse.Namespace(name="x")},
+                          "argparse.Namespace")):
+        path = tmp_path / "model.pt"
+        torch.save(saved, path)
+        for load in (load_checkpoint, lambda p: load_ensemble([V1, p])):
+            with pytest.raises(CapstackError) as refused:
+                load(path)
+            said = str(refused.value)
+            assert said == (f"{path}: holds objects capstack does not load ({named}): not a "
+                            f"plain tensor checkpoint (capstack reads tensors and plain data, "
+                            f"and runs nothing a file names)"), said
+    for garbage, why in ((b"not a zip" * 10, "not a file torch.save wrote"), (b"", "EOFError")):
+        path.write_bytes(garbage)
+        with pytest.raises(CapstackError) as refused:
+            load_checkpoint(path)
+        assert str(refused.value) == f"{path}: not a readable checkpoint ({why})"
+
+
+def test_a_fifo_where_a_checkpoint_is_read_is_named_not_called_missing(tmp_path):
+    from trainer.config import experiment_from_dict
+    from trainer.training.resume import starting_checkpoint
+
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / "best.pt")
+    os.mkfifo(tmp_path / "last.pt")
+    for given, fifo in ((tmp_path / "run", tmp_path / "run" / "best.pt"),
+                        (tmp_path / "last.pt", tmp_path / "last.pt")):
+        with pytest.raises(CapstackError, match=rf"^{fifo}: not a regular file \(a FIFO\), "
+                                                r"never read \(expected a checkpoint\)$"):
+            load_checkpoint(given)
+        experiment = {**load_checkpoint(V1)["experiment"]}
+        experiment["train"] = {**experiment["train"], "init_from": str(given)}
+        with pytest.raises(CapstackError, match=rf"^{fifo}: not a regular file \(a FIFO\)"):
+            starting_checkpoint(experiment_from_dict(experiment, "test"))
+    with pytest.raises(CapstackError, match=rf"^{tmp_path}/gone.pt: checkpoint not found$"):
+        load_checkpoint(tmp_path / "gone.pt")
 
 
 @pytest.mark.slow  # a capstack process

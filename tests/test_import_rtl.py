@@ -5,11 +5,16 @@ names and shapes, random weights); benchmarks/peer_parity/checkpoints.py runs it
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import pickle
 import random
+import signal
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -191,3 +196,155 @@ def test_refusals_name_what_is_refused(capstack, tmp_path, data):
                       "--captions", prepared, "--features", store, expect_ok=False)
     assert "refusing to unpickle posix.system" in result.output and not marker.exists()
     assert not (tmp_path / "run_e").exists()
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def edit_infos(infos: Path, **changes) -> None:
+    """The infos pickle with top-level entries replaced (``epoch``, ``iter``, ``vocab``)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # pickling a deeply nested value recurses
+    try:
+        infos.write_bytes(pickle.dumps({**pickle.loads(infos.read_bytes()), **changes},
+                                       protocol=2))
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def refused_leaving_nothing(capstack, data, sources, run: Path, message: str) -> str:
+    """The command's one line, which holds ``message``; neither ``run`` nor its parent was
+    made."""
+    prepared, store, _ = data
+    result = capstack("import-checkpoint", "rtl", *sources, "--out", run, "--captions",
+                      prepared, "--features", store, expect_ok=False)
+    assert result.exit_code == 1, result.output
+    assert message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not run.exists() and not run.parent.exists()
+    return result.output
+
+
+@pytest.mark.parametrize("name, options, changes, message", [
+    ("updown", {"max_length": "abc"}, {},
+     "opt.max_length is 'abc': expected a whole number from 0 to 1,000,000,000"),
+    ("updown", {"drop_prob_lm": float("nan")}, {},
+     "opt.drop_prob_lm is nan: expected a dropout rate"),
+    ("transformer", {"dropout": float("inf")}, {}, "opt.dropout is inf: expected a dropout rate"),
+    ("updown", {"drop_prob_lm": 10**400}, {},
+     "opt.drop_prob_lm is <an int of 1,329 bits>: expected a dropout rate"),
+    ("transformer", {"num_att_heads": 10**200_000}, {},
+     "opt.num_att_heads is <an int of 664,386 bits>: expected a whole number"),
+    ("updown", {"seq_length": True, "max_length": None}, {}, "opt.seq_length is True"),
+    ("updown", {"use_bn": np.zeros(3)}, {}, "opt.use_bn is array([0., 0., 0.]): capstack's "
+                                            "decoders have no counterpart"),
+    ("updown", {"caption_model": 10**5000}, {}, "opt.caption_model is <an int of 16,610 bits>"),
+    ("updown", {}, {"epoch": nested(3000)}, "epoch is [[[...]]]: expected a whole number"),
+    ("updown", {}, {"iter": -1}, "iter is -1: expected a whole number from 0"),
+    ("updown", {}, {"vocab": {1: "a", (2,): "b", "3": "c"}},
+     "vocab: keys must be the indices 1..3 as strings, got (2,), 1"),
+])
+def test_edited_infos_values_are_refused_naming_the_field_and_leave_no_folder(
+        capstack, tmp_path, data, name, options, changes, message):
+    """Values the import passed to int() and float() unchecked ('abc', NaN, a 200,000-digit
+    int), and a deeply nested epoch, which went whole into the checkpoint's digest (a
+    RecursionError after the run folder was made)."""
+    state = (updown_state if name == "updown" else transformer_state)(len(data[2]), DIM)
+    sources = write_peer_checkpoint(tmp_path / "peer", state, data[2],
+                                    peer_options(**{"caption_model": name, **options}))
+    edit_infos(sources[1], **changes)
+    refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "run",
+                            f"{sources[1]}: {message}")
+
+
+def test_only_the_settings_read_are_recorded(capstack, tmp_path, data):
+    state = updown_state(len(data[2]), DIM)
+    sources = write_peer_checkpoint(tmp_path / "peer", state, data[2], peer_options("updown"))
+    edit_infos(sources[1], epoch=np.int64(3), histories={"loss": list(range(1000))})
+    prepared, store, _ = data
+    capstack("import-checkpoint", "rtl", *sources, "--out", tmp_path / "run", "--captions",
+             prepared, "--features", store)
+    recorded = json.loads((tmp_path / "run" / "imported.json").read_text())
+    assert {k: recorded[k] for k in ("caption_model", "peer_vocab", "epoch", "iter")} == {
+        "caption_model": "updown", "peer_vocab": len(data[2]), "epoch": 3, "iter": 100}
+    assert "histories" not in recorded and "loader_state_dict" not in recorded
+    imported = load_checkpoint(tmp_path / "run")["imported"]
+    assert imported == {"format": "rtl", "decoder": "top_down", "caption_model": "updown",
+                        "peer_vocab": len(data[2]), "epoch": 3, "iter": 100}
+    assert type(imported["epoch"]) is int  # numpy's int64 read as the number it is
+
+
+@pytest.mark.parametrize("name, edit, message", [
+    ("updown", lambda s: s.update({"embed.0.weight": s["embed.0.weight"][:, 0]}),
+     "embed.0.weight is of shape [{rows}]: expected 2 dimensions, none empty"),
+    ("updown", lambda s: s.update({"logit.bias": s["logit.bias"][:-1]}),
+     "logit.bias has {words} rows, its infos' vocab"),
+    ("updown", lambda s: s.update({"ctx2att.bias": s["ctx2att.bias"][:1]}),
+     "ctx2att.bias [1], core.attention.h2att.bias [8] do not fit together"),
+    ("transformer", lambda s: s.update({"model.tgt_embed.1.pe": s["model.tgt_embed.1.pe"][0, 0]}),
+     "model.tgt_embed.1.pe is of shape [16]: expected 3 dimensions"),
+    ("transformer", lambda s: s.update({
+        "model.decoder.layers.0.src_attn.linears.2.weight": torch.zeros(16, 12)}),
+     "model.decoder.layers.0.src_attn.linears.1.weight [16, 16], "
+     "model.decoder.layers.0.src_attn.linears.2.weight [16, 12] do not fit together"),
+])
+def test_weights_of_another_rank_or_shape_are_refused_naming_the_key(
+        capstack, tmp_path, data, name, edit, message):
+    words = data[2]
+    state = (updown_state if name == "updown" else transformer_state)(len(words), DIM)
+    edit(state)
+    sources = write_peer_checkpoint(tmp_path / "peer", state, words, peer_options(name))
+    refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "run",
+                            f"{sources[0]}: " + message.format(rows=len(words) + 1,
+                                                               words=len(words)))
+
+
+def test_a_pickled_object_or_a_fifo_as_a_source_is_named_in_one_line(capstack, tmp_path, data):
+    words = data[2]
+    model, infos = write_peer_checkpoint(tmp_path / "peer", updown_state(len(words), DIM),
+                                         words, peer_options("updown"))
+    torch.save({"model": peer_options("updown")}, model)  # a Namespace, not tensors
+    said = refused_leaving_nothing(capstack, data, (model, infos), tmp_path / "runs" / "a",
+                                   f"{model}: holds objects capstack does not load "
+                                   f"(argparse.Namespace): not a plain tensor state_dict")
+    assert "weights_only" not in said  # torch's advice, which would run the file's code
+
+    def waited(signum, frame):
+        raise TimeoutError("a FIFO given as a source was read")
+
+    before = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(60)  # a read of the FIFO fails the test, not hangs it
+    try:
+        for fifo, other in ((tmp_path / "fifo.pth", infos), (tmp_path / "fifo.pkl", None)):
+            os.mkfifo(fifo)
+            sources = (fifo, infos) if other else (model, fifo)
+            refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "b",
+                                    f"{fifo}: not a regular file (a FIFO), never read")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def test_a_failed_write_leaves_no_run_folder(capstack, tmp_path, data, monkeypatch):
+    import trainer.imports
+
+    def full(path, payload):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(trainer.imports, "save_checkpoint", full)
+    words = data[2]
+    sources = write_peer_checkpoint(tmp_path / "peer", updown_state(len(words), DIM), words,
+                                    peer_options("updown"))
+    refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "run",
+                            "best.pt: No space left on device")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder that was there stays
+    prepared, store, _ = data
+    result = capstack("import-checkpoint", "rtl", *sources, "--out", tmp_path / "kept",
+                      "--captions", prepared, "--features", store, expect_ok=False)
+    assert result.exit_code == 1
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]

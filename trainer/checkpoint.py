@@ -27,6 +27,7 @@ from pipeline.captions.vocab import Vocabulary, digest_words
 from pipeline.core.atomic import atomic_file
 from pipeline.core.errors import CapstackError
 from pipeline.core.state_dicts import first_misfit, require_fit, tensors_only
+from pipeline.core.torch_files import load_tensors
 from trainer import upgrade
 from trainer.config import experiment_from_dict
 from trainer.upgrade import FIRST_FORMAT
@@ -121,12 +122,7 @@ def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "best.pt"
-    if not path.is_file():
-        raise CapstackError(f"{path}: checkpoint not found")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a truncated or foreign file: say which
-        raise CapstackError(f"{path}: not a readable checkpoint ({error})") from None
+    payload = load_tensors(path, "checkpoint")  # a FIFO, a pickled object: named in one line
     if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FIRST_FORMAT):
         raise CapstackError(f"{path}: not a capstack checkpoint (no {FORMAT!r} format tag)")
     check_depth(payload, path)

@@ -57,7 +57,20 @@ def too_deep(path) -> CapstackError:
 
 
 SHOWN = 200  # characters of a value a message shows
-_SHOWN = reprlib.Repr()
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib's bounded repr, which still builds an int's whole repr: one of more than
+    4,300 digits raises ValueError (Python's int-to-str limit), so such an int is told by
+    its size."""
+
+    def repr_int(self, x, level):
+        if x.bit_length() > 4 * SHOWN:  # above ~240 digits: never converted
+            return f"<an int of {x.bit_length():,} bits>"
+        return super().repr_int(x, level)
+
+
+_SHOWN = _ShortRepr()
 _SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, SHOWN, SHOWN
 _SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
 

@@ -70,6 +70,16 @@ def _regular_or_closed(fd: int, path: str | os.PathLike, never: str, what: str) 
     return fd
 
 
+def require_regular(path: str | os.PathLike, what: str = "a file") -> None:
+    """Refuse ``path`` as :func:`open_regular` does, without opening it: for a file named now
+    and read later, whose absence and whose kind are told apart (a FIFO is no missing file).
+    ``FileNotFoundError`` and other OS errors are the caller's to name."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegular(f"{os.fspath(path)}: {not_regular(mode)}, never read (expected "
+                         f"{what})")
+
+
 def read_bytes(path: str | os.PathLike, what: str = "a file") -> bytes:
     """The content of the regular file ``path`` (see :func:`open_regular`)."""
     with open_regular(path, what) as f:

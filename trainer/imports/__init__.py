@@ -12,6 +12,8 @@ RUN`` take it as any run; and ``RUN/imported.json``, where it came from.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -24,6 +26,7 @@ from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import write_json
+from pipeline.core.regular import require_regular
 from pipeline.core.registry import Registry, import_modules
 from pipeline.core.state_dicts import require_fit
 from trainer.checkpoint import identity, save_checkpoint
@@ -73,9 +76,13 @@ def import_checkpoint(kind: str, sources: list[Path], out: Path, captions: Path,
     if len(sources) != len(reader.sources):
         raise CapstackError(f"import-checkpoint {kind}: expected {' '.join(reader.sources)}, "
                             f"got {len(sources)} file(s)")
-    for path in sources:
-        if not path.is_file():
-            raise CapstackError(f"{path}: not found")
+    for path, name in zip(sources, reader.sources):
+        try:  # a FIFO is named as one, not as missing
+            require_regular(path, f"the {kind} format's {name}")
+        except FileNotFoundError:
+            raise CapstackError(f"{path}: not found") from None
+        except OSError as error:
+            raise CapstackError(f"{path}: cannot read it ({error.strerror})") from None
     if (out / "best.pt").exists() or (out / "last.pt").exists():
         raise CapstackError(f"{out}: holds a run already (best.pt or last.pt): choose another "
                             f"--out, or remove it")
@@ -114,14 +121,34 @@ def import_checkpoint(kind: str, sources: list[Path], out: Path, captions: Path,
         "epoch_loss": [0.0, 0], "start": None, "capstack_version": pipeline.__version__,
         "imported": {"format": kind, **converted.about},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(out / "best.pt", payload)
-    write_json(out / "imported.json", {
-        "format": kind, "sources": {str(p): md5_of_file(p) for p in sources},
-        "captions": str(captions), "features": [str(f) for f in features], **converted.about,
-        "notes": converted.notes})
+    record = {"format": kind, "sources": {str(p): md5_of_file(p) for p in sources},
+              "captions": str(captions), "features": [str(f) for f in features],
+              **converted.about, "notes": converted.notes}
+    with undone_on_failure(out, ("imported.json", "best.pt")):
+        write_json(out / "imported.json", record)
+        save_checkpoint(out / "best.pt", payload)  # last: what makes the folder a run
     return Imported(out / "best.pt", converted.decoder,
                     sum(p.numel() for p in model.parameters()), converted.notes)
+
+
+@contextmanager
+def undone_on_failure(out: Path, names: tuple[str, ...]) -> Iterator[None]:
+    """``out`` made (with its missing parents) for the files ``names``; when writing them
+    fails (a full disk, a stop), those this import wrote and the folders it made are removed
+    again: a failed import leaves nothing behind, and no half run a rerun would refuse."""
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    there = {name for name in names if (out / name).exists()}
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for name in names:
+            if name not in there:
+                (out / name).unlink(missing_ok=True)
+        for folder in made:
+            with suppress(OSError):  # no longer empty: something else writes there
+                folder.rmdir()
+        raise
 
 
 import_modules(__name__, __path__)  # each registers itself

@@ -36,6 +36,9 @@ that capstack's decoders do not have (``use_bn``, ``logit_layers`` > 1, ``norm_a
 from __future__ import annotations
 
 import argparse
+import numbers
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,10 +46,11 @@ from torch import Tensor
 
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary
 from pipeline.core import safe_pickle
-from pipeline.core.errors import CapstackError
+from pipeline.core.errors import CapstackError, shown
 from pipeline.core.regular import read_bytes
 from pipeline.core.state_dicts import listed, require_finite, tensors_only
-from trainer.bounds import MAX_CAPTION_WORDS
+from pipeline.core.torch_files import load_tensors
+from trainer.bounds import MAX_CAPTION_WORDS, MAX_STEPS
 from trainer.decoders.top_down import TopDownConfig
 from trainer.decoders.transformer import TransformerConfig, sinusoid
 from trainer.imports import CHECKPOINT_FORMATS, CheckpointFormat, Converted
@@ -59,6 +63,7 @@ PEER_UNK = "UNK"
 # options whose values other than these change what the weights compute, and capstack has not
 UNSUPPORTED = {"use_bn": 0, "logit_layers": 1, "norm_att_feat": 0, "use_box": 0,
                "cached_transformer": False}
+MAX_WHOLE = MAX_STEPS  # its epochs, iterations and lengths, far below
 
 
 @CHECKPOINT_FORMATS.register("rtl")
@@ -71,24 +76,17 @@ class SelfCritical(CheckpointFormat):
     def read(self, paths: list[Path]) -> Converted:
         model_path, infos_path = paths
         infos = read_infos(infos_path)
-        opt = vars(infos["opt"])
-        name = opt.get("caption_model")
-        if name not in MODELS:
-            raise CapstackError(f"{infos_path}: opt.caption_model is {name!r}: capstack imports "
-                                f"self-critical.pytorch's {', '.join(MODELS)} models only")
-        for option, plain in UNSUPPORTED.items():
-            if opt.get(option, plain) not in (None, plain):
-                raise CapstackError(f"{infos_path}: opt.{option} is {opt[option]!r}: capstack's "
-                                    f"decoders have no counterpart (imported: {option} "
-                                    f"{plain!r} only)")
+        settings = read_settings(infos, infos_path)
         state = read_state(model_path)
         words = peer_words(infos["vocab"], infos_path)
-        reader = _updown if name in UPDOWN else _transformer
-        converted = reader(state, opt, words, f"{model_path}")
-        converted.about.update({"caption_model": name, "peer_vocab": len(words),
-                                "epoch": infos.get("epoch"), "iter": infos.get("iter")})
-        converted.table = training_of(opt, infos)
-        converted.max_len = caption_length(opt)
+        reader = _updown if settings.caption_model in UPDOWN else _transformer
+        converted = reader(state, settings, words, f"{model_path}")
+        converted.about.update({"caption_model": settings.caption_model,
+                                "peer_vocab": len(words), "epoch": settings.epoch,
+                                "iter": settings.iter})
+        converted.table = table_labels(OBJECTIVES.get("scst" if settings.self_critical
+                                                      else "xe"))
+        converted.max_len = settings.max_len
         return converted
 
 
@@ -107,12 +105,78 @@ def read_infos(path: Path) -> dict:
     return infos
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What capstack reads of the infos pickle, each value checked where it is read: the
+    rest of the pickle (its loader's state, its histories) is neither read nor recorded."""
+
+    caption_model: str
+    dropout: float | None  # opt.dropout (the transformer's), None when absent
+    drop_prob_lm: float | None  # UpDown's dropout, the transformer's att_embed's
+    num_att_heads: int
+    max_len: int  # opt.max_length, else opt.seq_length, else 16: at most MAX_CAPTION_WORDS
+    epoch: int | None  # where its training was, recorded in imported.json
+    iter: int | None
+    self_critical: bool  # its epoch reached self_critical_after (or structure_after)
+
+
+def read_settings(infos: dict, path: Path) -> Settings:
+    """The infos' settings capstack uses, refused naming the file and the field when one is
+    not what self-critical.pytorch writes (``opt.max_length is 'abc'``, a NaN dropout, a
+    200,000-digit epoch), or names a model or an option capstack has no counterpart for."""
+    opt = vars(infos["opt"])
+    name = opt.get("caption_model")
+    if not isinstance(name, str) or name not in MODELS:
+        raise CapstackError(f"{path}: opt.caption_model is {shown(name)}: capstack imports "
+                            f"self-critical.pytorch's {', '.join(MODELS)} models only")
+    for option, plain in UNSUPPORTED.items():
+        value = opt.get(option)
+        if not (value is None or (isinstance(value, numbers.Number) and value == plain)):
+            raise CapstackError(f"{path}: opt.{option} is {shown(value)}: capstack's decoders "
+                                f"have no counterpart (imported: {option} {plain!r} only)")
+    length = [whole(opt.get(k), f"opt.{k}", path, 0, MAX_WHOLE)
+              for k in ("max_length", "seq_length")]
+    epoch = whole(infos.get("epoch"), "epoch", path, 0, MAX_WHOLE)
+    starts = [whole(opt.get(k), f"opt.{k}", path, -MAX_WHOLE, MAX_WHOLE)
+              for k in ("self_critical_after", "structure_after")]
+    return Settings(
+        caption_model=name, dropout=probability(opt.get("dropout"), "opt.dropout", path),
+        drop_prob_lm=probability(opt.get("drop_prob_lm"), "opt.drop_prob_lm", path),
+        num_att_heads=whole(opt.get("num_att_heads"), "opt.num_att_heads", path, 1,
+                            MAX_WHOLE) or 8,
+        max_len=min(next((n for n in length if n), 16), MAX_CAPTION_WORDS),
+        epoch=epoch, iter=whole(infos.get("iter"), "iter", path, 0, MAX_WHOLE),
+        self_critical=any(s is not None and 0 <= s <= (epoch or 0) for s in starts))
+
+
+def whole(value, field: str, path: Path, low: int, high: int) -> int | None:
+    """``value`` as an int from ``low`` to ``high``, None when absent; anything else refused
+    naming ``field`` (``int()`` of 'abc', NaN or inf raises, and one of a 200,000-digit int
+    costs seconds)."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            and low <= int(value) <= high:
+        return int(value)
+    raise CapstackError(f"{path}: {field} is {shown(value)}: expected a whole number from "
+                        f"{low:,} to {high:,}")
+
+
+def probability(value, field: str, path: Path) -> float | None:
+    """A dropout rate: a finite number from 0 to below 1, None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        with suppress(OverflowError):  # float() of a 400-digit int
+            rate = float(value)
+            if 0 <= rate < 1:
+                return rate
+    raise CapstackError(f"{path}: {field} is {shown(value)}: expected a dropout rate, a "
+                        f"number from 0 to below 1")
+
+
 def read_state(path: Path) -> dict[str, Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # a foreign or truncated file: say which
-        raise CapstackError(f"{path}: not a readable state_dict ({error})") from None
-    state = tensors_only(state, path)
+    state = tensors_only(load_tensors(path, "state_dict"), path)
     require_finite(state, path)
     return state
 
@@ -120,30 +184,15 @@ def read_state(path: Path) -> dict[str, Tensor]:
 def peer_words(vocab: dict, path: Path) -> list[str]:
     """Its words in index order, 1..V (as strings of digits, keys of its vocab)."""
     count = len(vocab)
-    if set(vocab) != {str(i) for i in range(1, count + 1)}:
-        odd = sorted(k for k in vocab if k not in {str(i) for i in range(1, count + 1)})
+    indices = {str(i) for i in range(1, count + 1)}
+    odd = [shown(k) for k in vocab if not (isinstance(k, str) and k in indices)]
+    if odd:
         raise CapstackError(f"{path}: vocab: keys must be the indices 1..{count} as strings, "
-                            f"got {listed([repr(k) for k in odd])}")
+                            f"got {listed(sorted(odd))}")
     words = [vocab[str(i)] for i in range(1, count + 1)]
     if not all(isinstance(w, str) and w for w in words):
         raise CapstackError(f"{path}: vocab: every word must be a non-empty string")
     return words
-
-
-def training_of(opt: dict, infos: dict) -> dict:
-    """How tables name its training: self-critical once its epoch reached
-    ``self_critical_after`` (or ``structure_after``), cross-entropy before."""
-    epoch = infos.get("epoch", 0)
-    starts = [opt.get(k, -1) for k in ("self_critical_after", "structure_after")]
-    rl = any(isinstance(s, int) and 0 <= s <= (epoch if isinstance(epoch, int) else 0)
-             for s in starts)
-    return table_labels(OBJECTIVES.get("scst" if rl else "xe"))
-
-
-def caption_length(opt: dict) -> int:
-    """Its longest caption: ``max_length`` (its models' ``seq_length``), else ``seq_length``."""
-    length = opt.get("max_length") or opt.get("seq_length") or 16
-    return max(1, min(int(length), MAX_CAPTION_WORDS))
 
 
 def vocabulary_rows(vocab: Vocabulary, words: list[str], source: str
@@ -184,8 +233,13 @@ def permuted(embedding: Tensor, weight: Tensor, bias: Tensor, vocab: Vocabulary,
             "bias": bias[rows].masked_fill(never, NEVER)}
 
 
+# dimensions of each of its tensors, by the last part of its name: a weight matrix otherwise
+RANKS = {"bias": 1, "bias_ih": 1, "bias_hh": 1, "a_2": 1, "b_2": 1, "pe": 3}
+
+
 class Weights:
-    """The peer's state_dict, each key taken once; what is left over is refused."""
+    """The peer's state_dict, each key taken once, of the rank its name says (a 1-D
+    ``embed.0.weight`` would fail far from the file); what is left over is refused."""
 
     def __init__(self, state: dict[str, Tensor], source: str):
         self.state, self.source = state, source
@@ -195,8 +249,13 @@ class Weights:
         if key not in self.state:
             raise CapstackError(f"{self.source}: no {key} (not a model.pth of this "
                                 f"caption_model, or edited)")
+        tensor, rank = self.state[key], RANKS.get(key.rsplit(".", 1)[-1], 2)
+        if tensor.dim() != rank or 0 in tensor.shape:
+            raise CapstackError(f"{self.source}: {key} is of shape {list(tensor.shape)}: "
+                                f"expected {rank} dimension{'s' if rank > 1 else ''}, none "
+                                f"empty (edited?)")
         self.taken.add(key)
-        return self.state[key]
+        return tensor
 
     def size(self, key: str, dim: int) -> int:
         return int(self(key).shape[dim])
@@ -208,33 +267,49 @@ class Weights:
                                 f"{listed(left)} (options this import does not know?)")
 
 
-def _vocab_size(w: Weights, key: str, words: list[str]) -> None:
-    rows = w.size(key, 0)
-    if rows != len(words) + 1:
-        raise CapstackError(f"{w.source}: {key} has {rows} rows, its infos' vocab "
-                            f"{len(words)} words + 1 (another checkpoint's infos?)")
+def _vocab_size(w: Weights, words: list[str], *keys: str) -> None:
+    """Each of ``keys`` (its embedding, its logit layer's weight and bias) has a row per
+    word and one for row 0."""
+    for key in keys:
+        rows = w.size(key, 0)
+        if rows != len(words) + 1:
+            raise CapstackError(f"{w.source}: {key} has {rows} rows, its infos' vocab "
+                                f"{len(words)} words + 1 (another checkpoint's infos?)")
 
 
-def _updown(state: dict[str, Tensor], opt: dict, words: list[str], source: str) -> Converted:
+def _alike(w: Weights, *keys: str) -> list[Tensor]:
+    """The tensors of ``keys``, refused unless they are of one shape: biases summed into one,
+    K's and V's projections stacked as one layer."""
+    tensors = [w(key) for key in keys]
+    if len({t.shape for t in tensors}) > 1:
+        raise CapstackError(f"{w.source}: " + ", ".join(
+            f"{key} {list(t.shape)}" for key, t in zip(keys, tensors)) + " do not fit together "
+            "(edited?)")
+    return tensors
+
+
+def _updown(state: dict[str, Tensor], settings: Settings, words: list[str],
+            source: str) -> Converted:
     w = Weights(state, source)
-    _vocab_size(w, "embed.0.weight", words)
+    _vocab_size(w, words, "embed.0.weight", "logit.weight", "logit.bias")
     e, h = w.size("embed.0.weight", 1), w.size("logit.weight", 1)
     att_hidden, dim = w.size("ctx2att.weight", 0), w.size("att_embed.0.weight", 1)
     if w.size("fc_embed.0.weight", 1) != dim:
         raise CapstackError(f"{source}: fc_embed reads {w.size('fc_embed.0.weight', 1)} numbers "
                             f"and att_embed {dim}: capstack's mean feature is the regions' mean, "
                             f"of their size")
-    dropout = float(opt.get("drop_prob_lm", 0.5))
+    dropout = 0.5 if settings.drop_prob_lm is None else settings.drop_prob_lm
     config = TopDownConfig(embed=e, hidden=h, att_hidden=att_hidden, dropout=dropout,
                            feature_embed=h, mean_embed=h, word_activation="relu",
                            embed_dropout=True)
+    feature_bias, query_bias = _alike(w, "ctx2att.bias", "core.attention.h2att.bias")
     fixed = {
         "feature_embed.0.weight": w("att_embed.0.weight"),
         "feature_embed.0.bias": w("att_embed.0.bias"),
         "mean_embed.0.weight": w("fc_embed.0.weight"), "mean_embed.0.bias": w("fc_embed.0.bias"),
         "attention.feature_proj.weight": w("ctx2att.weight"),
         # W_va v + b_va + W_ha h + b_ha: one bias
-        "attention.feature_proj.bias": w("ctx2att.bias") + w("core.attention.h2att.bias"),
+        "attention.feature_proj.bias": feature_bias + query_bias,
         "attention.query_proj.weight": w("core.attention.h2att.weight"),
         "attention.score.weight": w("core.attention.alpha_net.weight"),
         **{f"{ours}.{p}": w(f"core.{theirs}.{p}")
@@ -253,10 +328,11 @@ def _updown(state: dict[str, Tensor], opt: dict, words: list[str], source: str) 
     return Converted("top_down", config, dim, weights, 0, {}, {"decoder": "top_down"})
 
 
-def _transformer(state: dict[str, Tensor], opt: dict, words: list[str],
+def _transformer(state: dict[str, Tensor], settings: Settings, words: list[str],
                  source: str) -> Converted:
     w = Weights(state, source)
-    _vocab_size(w, "model.tgt_embed.0.lut.weight", words)
+    _vocab_size(w, words, "model.tgt_embed.0.lut.weight", "model.generator.proj.weight",
+                "model.generator.proj.bias")
     layers = {side: len({k.split(".")[3] for k in state
                          if k.startswith(f"model.{side}.layers.")}) for side in ("encoder",
                                                                                   "decoder")}
@@ -264,22 +340,22 @@ def _transformer(state: dict[str, Tensor], opt: dict, words: list[str],
         raise CapstackError(f"{source}: {layers['encoder']} encoder and {layers['decoder']} "
                             f"decoder layers: capstack's transformer has as many of each")
     d = w.size("model.generator.proj.weight", 1)
-    heads = int(opt.get("num_att_heads", 8))
-    if heads < 1 or d % heads:
+    heads = settings.num_att_heads
+    if d % heads:
         raise CapstackError(f"{source}: opt.num_att_heads {heads} does not divide d_model {d}")
     d_ff = w.size("model.encoder.layers.0.feed_forward.w_1.weight", 0)
-    dropout = float(opt.get("dropout", 0.1))
+    dropout = 0.1 if settings.dropout is None else settings.dropout
     config = TransformerConfig(d_model=d, heads=heads, layers=layers["encoder"], d_ff=d_ff,
                                dropout=dropout, norm_first=True, region_norm=False,
                                layer_norm="unbiased_std")
     notes = []
-    embed_dropout = float(opt.get("drop_prob_lm", dropout))
+    embed_dropout = dropout if settings.drop_prob_lm is None else settings.drop_prob_lm
     if embed_dropout != dropout:
         notes.append(f"its att_embed dropout {embed_dropout} is {dropout} here (capstack's "
                      f"transformer has one dropout rate; it acts in training only)")
 
     def linear(ours: str, *theirs: str) -> dict[str, Tensor]:
-        return {f"{ours}.{p}": torch.cat([w(f"{t}.{p}") for t in theirs])
+        return {f"{ours}.{p}": torch.cat(_alike(w, *(f"{t}.{p}" for t in theirs)))
                 for p in ("weight", "bias")}
 
     def norm(ours: str, theirs: str) -> dict[str, Tensor]:
