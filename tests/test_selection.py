@@ -71,6 +71,25 @@ def test_best_pt_is_the_epoch_with_the_best_score_select_on_names(data, tmp_path
     assert logged == [sorted({"cider", select_on})] * 3  # BLEU-4 scored only when kept on it
 
 
+def test_a_nan_validation_is_never_kept_and_the_best_finite_one_is(data, tmp_path, scripted):
+    scripted({"cider": 0.10}, {"cider": float("nan")}, {"cider": 0.05})
+    result = run(data, tmp_path, 3)
+    assert (result.best_epoch, result.best_cider) == (0, 0.10)
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 1
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert (state["best_cider"], state["best_epoch"]) == (0.10, 1)
+
+    # a run whose last.pt kept a NaN (a capstack that took it for better) resumes keeping none
+    last = load_checkpoint(tmp_path / "run" / "last.pt")
+    last.update(best_cider=float("nan"), best_score=float("nan"), best_epoch=1)
+    save_checkpoint(tmp_path / "run" / "last.pt", {k: v for k, v in last.items() if k != "path"})
+    scripted({"cider": 0.01})
+    resumed = train(load_experiment(tmp_path / "exp.yaml", ["train.epochs=4"]),
+                    tmp_path / "run", progress=False)
+    assert (resumed.best_epoch, resumed.best_cider) == (3, 0.01)
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 4
+
+
 def test_the_choices_of_select_on_are_the_values_the_metrics_score_each_epoch(tmp_path):
     assert {"cider", "bleu4", "bleu1", "rouge_l"} <= set(selectable())
     assert not {"meteor", "spice"} & set(selectable())  # Java: not every epoch

@@ -3,13 +3,20 @@ thread makes, in the same order, and a run's losses (resumed or not) do not chan
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
+import re
+import signal
 
 import pytest
 import torch
 
 from pipeline.captions.prepared import load_captions
+from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
+from trainer.runs import RunRecord
 from trainer.train import Run, train
 from trainer_fixtures import grid_and_region_stores, train_losses, write_experiment
 
@@ -71,3 +78,37 @@ def test_losses_with_and_without_readers_are_identical_and_resume_alike(data, tm
                     progress=False)
     assert resumed.resumed_at == (0, 2)
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "readers0")
+
+
+def test_a_killed_reader_is_named_and_the_run_recorded_failed_with_its_checkpoint(
+        data, tmp_path, monkeypatch):
+    _, prepared, grid, _ = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="top_down", captions=prepared,
+                            features=[grid], epochs=1, checkpoint_every=1)
+    overrides = ["data.readers=2", "train.batch_size=1"]  # more batches than the readers' lead
+    real_step, real_end, calls = Run.train_step, RunRecord.end, []
+
+    def kills_a_reader_at_step_3(self, batch):
+        calls.append(1)
+        if len(calls) == 3:  # as the out-of-memory killer does
+            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+        return real_step(self, batch)
+
+    def ends_with_another_child_gone(self, error=None):
+        os.kill(os.getpid(), signal.SIGCHLD)  # another child ending as the run records its end
+        real_end(self, error)
+
+    monkeypatch.setattr(Run, "train_step", kills_a_reader_at_step_3)
+    monkeypatch.setattr(RunRecord, "end", ends_with_another_child_gone)
+    with pytest.raises(CapstackError, match=r"^data\.readers: reader process \d of 2 \(pid \d+\) "
+                                            r"was killed by SIGKILL .* batch \d+ of epoch 1") \
+            as stopped:
+        train(load_experiment(path, overrides), tmp_path / "run", progress=False)
+    awaited = int(re.search(r"batch (\d+) of", str(stopped.value)).group(1))
+    assert awaited >= 4  # the batches the live reader had made came first
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["state"] == "failed" and "SIGKILL" in state["error"]
+    assert "\n" not in state["error"]
+    monkeypatch.setattr(Run, "train_step", real_step)
+    resumed = train(load_experiment(path, overrides[1:]), tmp_path / "run", progress=False)
+    assert resumed.resumed_at == (0, awaited - 1)  # from the last checkpoint, kept

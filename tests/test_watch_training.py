@@ -227,6 +227,105 @@ def test_runs_says_what_is_damaged_held_or_stale(data, tmp_path):
     assert capstack("runs", tmp_path / "empty").stdout == f"no runs under {tmp_path}/empty/runs\n"
 
 
+def write_run(folder: Path, record: dict | None = None, **files: str) -> Path:
+    """A run folder as a training leaves it: its config, ``state.json`` (``record``; None: a
+    run of the older layout, which kept none) and ``files`` (summary_json: summary.json)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"decoder": {"name": "show_tell"},
+                                                    "objective": {"name": "xe"},
+                                                    "train": {"epochs": 2}}))
+    if record is not None:
+        (folder / "state.json").write_text(json.dumps(
+            {"capstack": "capstack-run", "state": "finished", "epochs": 2, "epochs_done": 2,
+             **record}))
+    for name, text in files.items():
+        (folder / name.replace("_", ".")).write_text(text)
+    return folder
+
+
+def test_one_damaged_run_of_the_older_layout_is_its_own_row_and_nan_is_never_best(tmp_path):
+    runs = tmp_path / "runs"
+    for name, best_epoch in [("best-x", '"x"'), ("best-null", "null"), ("best-1e400", "1e400")]:
+        write_run(runs / name, summary_json=f'{{"epochs": 2, "best_cider": 0.5, '
+                                            f'"best_epoch": {best_epoch}}}')
+    write_run(runs / "epoch-inf", metrics_jsonl='{"kind": "val", "epoch": Infinity, '
+                                                '"cider": 0.2}\n')
+    write_run(runs / "nan-val", metrics_jsonl="".join(
+        f'{{"kind": "val", "epoch": {e}, "cider": {c}}}\n'
+        for e, c in [(0, 0.2), (1, "NaN"), (2, 0.1)]))
+    write_run(runs / "nan-state", {"best_cider": float("nan"), "best_epoch": 2})
+    write_run(runs / "good", summary_json='{"epochs": 2, "best_cider": 0.5, "best_epoch": 1}')
+
+    rows = {r.name: r for r in list_runs(tmp_path)}
+    assert sorted(rows) == ["best-1e400", "best-null", "best-x", "epoch-inf", "good",
+                            "nan-state", "nan-val"]
+    good = rows["good"]
+    assert (good.state, good.best_cider, good.best_epoch, good.notes) == ("finished", 0.5, 2, [])
+    for name, shown in [("best-x", "'x'"), ("best-null", "None"), ("best-1e400", "inf")]:
+        row = rows[name]
+        assert (row.state, row.best_cider, row.best_epoch) == ("finished", 0.5, None)
+        assert row.notes == [f"{runs / name / 'summary.json'}: best_epoch: expected an epoch "
+                             f"number from -1, got {shown}"]
+    assert rows["epoch-inf"].best_cider is None and rows["epoch-inf"].notes[0] == (
+        f"{runs / 'epoch-inf' / 'metrics.jsonl'}: line 1: a validation of epoch inf scored 0.2 "
+        f"(expected an epoch from -1 and a number)")
+    nan_val = rows["nan-val"]  # the best is the best finite score, not the NaN after it
+    assert (nan_val.best_cider, nan_val.best_epoch, nan_val.epochs_done) == (0.2, 1, 3)
+    assert rows["nan-state"].best_cider is None and rows["nan-state"].notes == [
+        f"{runs / 'nan-state' / 'state.json'}: best_cider: expected a finite number, got nan"]
+
+    table = capstack("runs", tmp_path)
+    assert table.exit_code == 0
+    lines = table.stdout.splitlines()
+    assert re.fullmatch(r"best-x +show_tell +xe +2/2 +finished +50\.0 \(epoch \?\) +-",
+                        lines[lines.index(next(t for t in lines if t.startswith("best-x")))])
+    assert re.fullmatch(r"nan-val +show_tell +xe +3/2 +stopped +20\.0 \(epoch 1\) +-",
+                        next(t for t in lines if t.startswith("nan-val")))
+    assert not re.search(r"(nan|inf) \((epoch|start)", table.stdout, re.I)  # no such best
+
+
+def test_one_run_with_two_names_is_one_row(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs / "top_down", {"best_cider": 0.5, "best_epoch": 2})
+    (runs / "latest").symlink_to("top_down")
+    (tmp_path / "elsewhere").mkdir()
+    outside = write_run(tmp_path / "elsewhere" / "st", {"best_cider": 0.4, "best_epoch": 1})
+    for name in ("st-a", "st-b"):
+        (runs / name).symlink_to(outside)
+    with exclusive_beside(runs / "latest", "training into runs/latest"):
+        rows = list_runs(tmp_path)
+        table = capstack("runs", tmp_path).stdout.splitlines()
+    assert [(r.name, r.state, r.links, r.link) for r in rows] == [
+        ("st-a", "finished", ["st-b"], str(outside)),
+        ("top_down", "running", ["latest"], None)]
+    assert "    also named latest (a link to this run)" in table
+    assert sum(line.startswith(("top_down", "latest")) for line in table) == 1
+    assert any(line.startswith(f"st-a -> {outside} ") for line in table)
+
+
+def test_an_experiment_lists_the_baselines_linked_runs_as_links(tmp_path):
+    from pipeline.engine.experiments import mirror
+
+    write_run(tmp_path / "runs" / "top_down", {"best_cider": 0.5, "best_epoch": 2})
+    write_run(tmp_path / "runs" / "show_tell", {"best_cider": 0.4, "best_epoch": 1})
+    exp = tmp_path / "exps" / "seed1"
+    mirror(tmp_path, exp, ["runs/top_down"])  # the experiment trains its own top_down
+    write_run(exp / "runs" / "top_down", {"best_cider": 0.6, "best_epoch": 2})
+    rows = {r.name: r for r in list_runs(exp)}
+    assert (rows["top_down"].link, rows["top_down"].best_cider) == (None, 0.6)
+    assert rows["show_tell"].link == os.path.join("..", "..", "..", "runs", "show_tell")
+    table = capstack("runs", exp).stdout
+    assert "show_tell -> ../../../runs/show_tell" in table
+    assert "not this folder's own run: a link to another's" in table
+    assert [r.link for r in list_runs(tmp_path)] == [None, None]  # the baseline's own
+
+    other = tmp_path / "exps" / "lr"
+    mirror(tmp_path, other, ["evals/top_down"])  # no run of its own: runs/ is a link
+    assert [(r.name, r.link) for r in list_runs(other)] == [
+        ("show_tell", str(tmp_path / "runs" / "show_tell")),
+        ("top_down", str(tmp_path / "runs" / "top_down"))]
+
+
 # -- TensorBoard ---------------------------------------------------------------------------------
 
 def test_tensorboard_events_hold_the_logged_scalars(data, tmp_path):

@@ -17,6 +17,8 @@ would have, with any number of readers.
 from __future__ import annotations
 
 import logging
+import signal
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -292,8 +294,23 @@ class TrainBatches:
         loader = DataLoader(epoch_batches, batch_size=None, shuffle=False,
                             num_workers=self.readers, pin_memory=pin_memory,
                             prefetch_factor=2, worker_init_fn=_fresh_buffers)
-        for batch in loader:  # the ranks' sum was left behind: it does not cross processes
-            yield replace(batch, share=replace(batch.share, total=self.ranks.sum))
+        readers = iter(loader)  # the processes start here
+        index = start
+        with _deaths_raised_where_awaited():
+            try:
+                for batch in readers:  # the ranks' sum was left behind: it does not cross processes
+                    yield replace(batch, share=replace(batch.share, total=self.ranks.sum))
+                    index += 1
+            except RuntimeError:
+                death = _reader_death(readers)
+                if death is None:
+                    raise
+                raise CapstackError(
+                    f"data.readers: {death} while batch {index + 1} of epoch {epoch + 1} was "
+                    f"awaited; training stopped: the same train command resumes the run from "
+                    f"its last checkpoint") from None
+            finally:
+                readers._shutdown_workers()  # type: ignore[attr-defined]  # now, not when collected
 
     def batch(self, rows: np.ndarray, rng: np.random.Generator, index: int = 0) -> TrainBatch:
         """The global batch ``rows``' captions, then this rank's part of it with its features
@@ -340,6 +357,42 @@ class EpochBatches(Dataset):
         index = self.start + k
         batch = self.batches.made(self.epoch, index, self.order[index])
         return replace(batch, share=replace(batch.share, total=_local))
+
+
+@contextmanager
+def _deaths_raised_where_awaited():
+    """torch's DataLoader learns of a dead reader process from a SIGCHLD handler that raises
+    wherever the training thread is (in a step, a checkpoint's writing) and again at each
+    later SIGCHLD while the epoch's readers are not shut down, the run's ending included, where
+    it cut the writing of ``state.json``. Set aside while they read, the iterator still finds a
+    dead reader where its batch is awaited (it looks every few seconds), raised there alone."""
+    try:
+        handler = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # not the main thread: torch set no handler either
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, handler)
+
+
+def _reader_death(readers) -> str | None:
+    """Which reader process of a DataLoader iterator ended, and how; None when none did."""
+    processes = readers._workers
+    for number, process in enumerate(processes, 1):
+        code = process.exitcode
+        if code is None:
+            continue
+        if code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+            if -code == signal.SIGKILL:
+                how += " (the out-of-memory killer, or kill -9: fewer data.readers or a " \
+                       "smaller train.batch_size need less memory)"
+        else:
+            how = f"exited with status {code}"
+        return f"reader process {number} of {len(processes)} (pid {process.pid}) {how}"
+    return None
 
 
 def _fresh_buffers(worker: int) -> None:

@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json, write_json
@@ -107,20 +107,40 @@ class RunRow:
     evaluated: str | None = None  # the metrics.json test_cider comes from
     error: str | None = None  # a failed run's error
     notes: list[str] = field(default_factory=list)  # what is damaged, stale or unknown
+    link: str | None = None  # where the name leads when the run is another folder's
+    links: list[str] = field(default_factory=list)  # the run's other names here (links to it)
 
 
 def list_runs(workdir: str | Path) -> list[RunRow]:
     """The runs in ``workdir/runs/*/``, by name. A folder with no run record, no config and
-    no held lock is no run, and is left out."""
+    no held lock is no run, and is left out.
+
+    A run is one row whatever its names: a second name of it (a symbolic link to it) is one
+    of its ``links``. A name that leads out of ``workdir/runs/`` (an experiment's
+    ``exps/NAME/runs/`` shows the baseline's runs through relative links) is another
+    folder's run: listed with the ``link``, never as this workdir's own."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise CapstackError(f"{workdir}: not a folder")
-    runs_dir = workdir / "runs"
+    runs_dir = workdir / RUNS
     if not runs_dir.is_dir():
         return []
-    rows = [read_run(folder, workdir) for folder in sorted(runs_dir.iterdir())
-            if folder.is_dir() and not folder.name.startswith(".")]
-    return [row for row in rows if row is not None]
+    folders = [folder for folder in sorted(runs_dir.iterdir())
+               if folder.is_dir() and not folder.name.startswith(".")]
+    own_place = workdir.resolve() / RUNS
+    real = {folder: folder.resolve() for folder in folders}
+    own = {folder for folder in folders if real[folder] == own_place / folder.name}
+    rows: dict[Path, RunRow | None] = {}  # by the folder the names lead to
+    for folder in sorted(folders, key=lambda f: f not in own):  # its own name first
+        if real[folder] in rows:
+            row = rows[real[folder]]
+            if row is not None:
+                row.links.append(folder.name)
+            continue
+        row = rows[real[folder]] = read_run(folder, workdir)
+        if row is not None and folder not in own:
+            row.link = os.readlink(folder) if folder.is_symlink() else str(real[folder])
+    return sorted((row for row in rows.values() if row is not None), key=lambda r: r.name)
 
 
 def read_run(folder: Path, workdir: Path) -> RunRow | None:
@@ -211,8 +231,8 @@ def read_state(path: Path, row: RunRow) -> None:
     row.epochs = pick(state, "epochs", int, path, row)
     row.epochs_done = pick(state, "epochs_done", int, path, row)
     if state.get("best_cider") is not None:
-        row.best_cider = pick(state, "best_cider", (float, int), path, row)
-        row.best_epoch = pick(state, "best_epoch", int, path, row)
+        row.best_cider = finite_score(state, "best_cider", path, row)
+        row.best_epoch = epoch_number(state, "best_epoch", 0, path, row)
     if row.state in ("failed", "stopped"):
         row.error = state.get("error")
 
@@ -227,9 +247,10 @@ def read_older_run(folder: Path, row: RunRow) -> None:
         summary = read_json_for(summary_path, row, "run summary")
         if summary is not None:
             row.epochs_done = pick(summary, "epochs", int, summary_path, row)
-            best = summary.get("best_cider")
-            if isinstance(best, (int, float)) and math.isfinite(best):
-                row.best_cider, row.best_epoch = best, int(summary.get("best_epoch", -1)) + 1
+            if summary.get("best_cider") is not None:
+                row.best_cider = finite_score(summary, "best_cider", summary_path, row)
+                best_epoch = epoch_number(summary, "best_epoch", -1, summary_path, row)
+                row.best_epoch = None if best_epoch is None else best_epoch + 1
             done, planned = row.epochs_done, row.epochs
             row.state = "finished" if done is not None and (planned is None or done >= planned) \
                 else "stopped"
@@ -238,8 +259,9 @@ def read_older_run(folder: Path, row: RunRow) -> None:
         return  # no training to read: what is there (a config) said what it could
     vals = validations(folder / "metrics.jsonl", row)
     row.epochs_done = len({epoch for epoch, _ in vals if epoch >= 0})
-    if vals:
-        cider, epoch = max((c, -e) for e, c in vals)
+    scored = [(cider, -epoch) for epoch, cider in vals if math.isfinite(cider)]
+    if scored:  # a NaN validation is never the best; of equal scores the first
+        cider, epoch = max(scored)
         row.best_cider, row.best_epoch = cider, 1 - epoch
     row.state = "stopped"
     row.notes.append("no end state recorded (trained by a capstack that kept none)")
@@ -263,12 +285,46 @@ def validations(path: Path, row: RunRow) -> list[tuple[int, float]]:
     for number, line in enumerate(lines, 1):
         try:
             entry = json.loads(line)
-            if entry.get("kind") == "val":
-                found.append((int(entry["epoch"]), float(entry["cider"])))
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict):
             row.notes.append(f"{path}: line {number} is not a log entry")
             break
+        if entry.get("kind") != "val":
+            continue
+        epoch, cider = entry.get("epoch"), entry.get("cider")
+        if not is_int(epoch) or epoch < -1 or not is_number(cider):
+            row.notes.append(f"{path}: line {number}: a validation of epoch {epoch!r} scored "
+                             f"{cider!r} (expected an epoch from -1 and a number)")
+            break
+        found.append((epoch, float(cider)))
     return found
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite_score(data: dict, key: str, path: Path, row: RunRow) -> float | None:
+    """``data[key]`` when a finite number; else None and a note (a NaN is no best score)."""
+    value = data.get(key)
+    if is_number(value) and math.isfinite(value):
+        return value
+    row.notes.append(f"{path}: {key}: expected a finite number, got {value!r}")
+    return None
+
+
+def epoch_number(data: dict, key: str, first: int, path: Path, row: RunRow) -> int | None:
+    """``data[key]`` when a whole number from ``first``; else None and a note."""
+    value = data.get(key)
+    if is_int(value) and value >= first:
+        return value
+    row.notes.append(f"{path}: {key}: expected an epoch number from {first}, got {value!r}")
+    return None
 
 
 def evaluation_folder(target: Path) -> Path:

@@ -3,7 +3,8 @@
 ``train.select_on`` names the greedy validation score the kept epoch is best on: CIDEr-D (the
 default, as before the setting) or BLEU-4, on which poojahira's bottom-up/top-down keeps its
 checkpoint (train.py:105-114 there). An epoch is better only when its score is above the best
-so far; an RL run's start counts as its first epoch, so RL must beat it.
+so far; an RL run's start counts as its first epoch, so RL must beat it. A score that is no
+finite number (a NaN validation) is never better, and a start scored so is none to beat.
 
 Counting the epochs since the kept one, a run may lower its lr (``train.lr_decay_patience``:
 x ``lr_decay_rate`` each time that many have passed) and stop (``train.early_stop_patience``),
@@ -13,6 +14,7 @@ done and the kept epoch, both in every checkpoint, so a resumed run counts on wh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -43,20 +45,24 @@ class Kept:
 
     def start(self, scores: dict[str, float]) -> None:
         """The run's start (another run's weights, validated) is the one to beat."""
-        self.score, self.cider = scores[self.select_on], scores["cider"]
+        if math.isfinite(scores[self.select_on]):
+            self.score, self.cider = scores[self.select_on], scores["cider"]
 
     def consider(self, scores: dict[str, float], epoch: int) -> bool:
         """Keep ``epoch`` (0-based) when its score beats the kept one's; whether it did."""
-        if scores[self.select_on] <= self.score:
+        score = scores[self.select_on]
+        if not math.isfinite(score) or score <= self.score:
             return False
         self.score, self.cider, self.epoch = scores[self.select_on], scores["cider"], epoch
         return True
 
     def restore(self, checkpoint: dict) -> None:
         """What a checkpoint recorded of it (one saved before train.select_on kept on CIDEr,
-        its only score then)."""
-        self.cider, self.epoch = checkpoint["best_cider"], checkpoint["best_epoch"]
-        self.score = checkpoint.get("best_score", checkpoint["best_cider"])
+        its only score then); a NaN kept by a capstack that took it for better is none."""
+        score = checkpoint.get("best_score", checkpoint["best_cider"])
+        if math.isfinite(score):
+            self.score, self.cider, self.epoch = score, checkpoint["best_cider"], \
+                checkpoint["best_epoch"]
 
     def recorded(self) -> dict:
         """What a checkpoint records of it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -63,19 +64,20 @@ def run_epoch(run: Run, progress: bool) -> None:
                disable=not progress or not run.ranks.main,
                desc=f"{run.config.name} epoch {run.epoch + 1}/{t.epochs}", unit="batch")
     run.model.train()
-    for batch in batches_of_epoch(run):
-        losses = run.train_step(batch)  # the step (Run.train_step: loop.train_step)
-        stop_unless_finite(run, losses["loss"], batch)
-        run.epoch_loss = [run.epoch_loss[0] + losses["loss"], run.epoch_loss[1] + 1]
-        run.batch += 1
-        run.step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{losses['loss']:.3f}", refresh=False)
-        if run.step % t.log_every == 0 or run.batch == len(run.batches):
-            run.log({"kind": "train", "epoch": run.epoch, "step": run.step, **losses,
-                     "lr": run.optimizer.param_groups[0]["lr"], "time": time.time()})
-        if t.checkpoint_every and run.step % t.checkpoint_every == 0:
-            run.save("last.pt")
+    with closing(batches_of_epoch(run)) as batches:  # an error ends the readers at once
+        for batch in batches:
+            losses = run.train_step(batch)  # the step (Run.train_step: loop.train_step)
+            stop_unless_finite(run, losses["loss"], batch)
+            run.epoch_loss = [run.epoch_loss[0] + losses["loss"], run.epoch_loss[1] + 1]
+            run.batch += 1
+            run.step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses['loss']:.3f}", refresh=False)
+            if run.step % t.log_every == 0 or run.batch == len(run.batches):
+                run.log({"kind": "train", "epoch": run.epoch, "step": run.step, **losses,
+                         "lr": run.optimizer.param_groups[0]["lr"], "time": time.time()})
+            if t.checkpoint_every and run.step % t.checkpoint_every == 0:
+                run.save("last.pt")
     bar.close()
 
 
