@@ -185,7 +185,10 @@ def test_a_failing_program_fails_the_stage_and_keeps_the_last_record(project):
     assert (f"stage 'upper' failed: `{sys.executable} scripts/tool.py in.txt out.txt '!'` "
             f"exited with status 3; nothing was recorded") in result.output
     assert lock_entry(project) == before
-    assert status(project) == {"state": "stale", "reasons": ["dep scripts/tool.py changed"]}
+    # the stale stage set its out aside before it ran (kept beside it, never deleted)
+    assert status(project) == {"state": "stale", "reasons": ["dep scripts/tool.py changed",
+                                                             "out out.txt missing"]}
+    assert (project.workdir / "out.txt.old").is_file()
 
 
 def test_a_shell_whose_command_is_not_found_says_so(project):

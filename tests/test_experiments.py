@@ -251,3 +251,205 @@ def test_a_stage_is_told_its_experiment_and_a_seed_its_group(project):
     assert prepared.resolve() == (project.workdir / "exps/mc1/data/prepared").resolve()
     listing = json.loads(project.stage_cmd("stages", "--json", "--name", "mc1-seed1").output)
     assert [name for name, s in listing.items() if s["own"]] == ["train", "evaluate"]
+
+
+# -- names, folders and locks: what `exp` commands reach -------------------------------------
+
+def test_a_name_that_is_a_path_is_refused_by_every_command_that_reads_one(capstack, tmp_path):
+    """A manifest planted outside exps/ (a project handed over) once let `exp remove
+    ../../victim` delete a folder outside the workdir, and `stages --name` link into it."""
+    project = type(capstack)(tmp_path / "w")
+    project.workdir.mkdir()
+    (project.workdir / "stages.yaml").write_text(STAGES.format(python=json.dumps(sys.executable)))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "experiment.yaml").write_text(
+        "name: ../../victim\ngroup: ../../victim\nparams: {min_count: 1}\nroots: [prepare]\n")
+    (victim / "thesis.tex").write_text("years of work")
+    for args in (("exp", "remove"), ("exp", "show"), ("exp", "diff"), ("stages", "--name")):
+        refused = project.stage_cmd(*args, "../../victim", expect_ok=False)
+        assert refused.exit_code != 0
+        assert "'../../victim': an experiment's name is letters, digits" in refused.output
+    assert sorted(p.name for p in victim.iterdir()) == ["experiment.yaml", "thesis.tex"]
+    # a line break at the end of a name is no name either (`$` matched before it)
+    refused = project.stage_cmd("run", "prepare", "--set", "min_count=1", "--name", "abc\n",
+                                expect_ok=False)
+    assert "--name 'abc\\n': an experiment's name is" in refused.output
+    assert not (project.workdir / "exps").exists()
+    planted = project.workdir / "exps" / "abc\n"  # made by an older capstack, or by hand
+    planted.mkdir(parents=True)
+    (planted / "experiment.yaml").write_text(
+        'name: "abc\\n"\nparams: {min_count: 1}\nroots: [prepare]\n')
+    listing = project.stage_cmd("exp", "list").output
+    assert listing.startswith("no experiments in") and listing.count("\n") == 1
+
+
+def test_an_experiment_folder_that_is_a_link_is_never_written_through(project, tmp_path,
+                                                                       caplog):
+    """`exp remove` of one raised OSError; `exp list` and `stages --name` made links in its
+    target."""
+    project.stage_cmd("run", "prepare", "--set", "min_count=1", "--name", "mc1")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "data").mkdir(parents=True)
+    (elsewhere / "experiment.yaml").write_text(
+        "name: far\ngroup: far\nparams: {min_count: 3}\nroots: [prepare]\n")
+    (project.workdir / "exps" / "far").symlink_to(elsewhere)
+    listing = project.stage_cmd("exp", "list").output
+    assert "mc1" in listing and "far" not in listing
+    assert "exps/far: a symbolic link" in caplog.text
+    refused = project.stage_cmd("stages", "--name", "far", expect_ok=False).output
+    assert "exps/far: a symbolic link (to " in refused and "exp remove far" in refused
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["data", "experiment.yaml"]
+    assert project.stage_cmd("exp", "remove", "far").exit_code == 0
+    assert not (project.workdir / "exps" / "far").is_symlink()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["data", "experiment.yaml"]
+
+
+def test_an_experiment_is_not_removed_while_a_run_holds_one_of_its_locks(project):
+    import os
+
+    from pipeline.core.runlock import exclusive_beside, exclusive_run
+
+    project.stage_cmd("run", "train", "--set", "seed=7", "--name", "s7")
+    folder = project.workdir / "exps" / "s7"
+    stage_lock = folder / ".capstack" / "running" / "stages.train.pid"
+    assert stage_lock.is_file()  # the stage's run lock, as `capstack run` left it
+    with exclusive_run(stage_lock, "stage 'train'"):
+        refused = project.stage_cmd("exp", "remove", "s7", expect_ok=False).output
+    assert f"experiment 's7' is in use: {stage_lock} is held by pid {os.getpid()}" in refused
+    assert (folder / "runs/model/model.json").is_file()
+    with exclusive_beside(folder / "runs" / "model", "training into runs/model"):
+        refused = project.stage_cmd("exp", "remove", "s7", expect_ok=False).output
+    assert f"{folder / 'runs' / 'model.lock'} is held by pid {os.getpid()}" in refused
+    assert (folder / "runs/model/model.json").is_file()
+    project.stage_cmd("exp", "remove", "s7")
+    assert not folder.exists()
+
+
+def test_exp_list_says_a_running_stage_and_exp_diff_a_stale_evaluation(project):
+    from pipeline.core.runlock import exclusive_run
+
+    project.stage_cmd("run", "train", "--set", "seed=7", "--name", "s7")
+    lock = project.workdir / "exps/s7/.capstack/running/stages.evaluate.pid"
+    with exclusive_run(lock, "stage 'evaluate'"):  # as while `capstack run evaluate` runs
+        listing = project.stage_cmd("exp", "list").output
+    assert "1 up to date, 1 running" in listing
+    assert "1 up to date, 1 never run" in project.stage_cmd("exp", "list").output
+    project.stage_cmd("run", "evaluate", "--name", "s7")
+    fresh = project.stage_cmd("exp", "diff", "s7").output.splitlines()
+    row = next(line for line in fresh if line.startswith("evaluate CIDEr"))
+    assert "stale" not in row
+    model = project.workdir / "exps/s7/runs/model/model.json"  # s7's training edited by hand
+    model.write_text(model.read_text().replace('"seed": 7', '"seed": 70'))
+    stale = project.stage_cmd("exp", "diff", "s7").output.splitlines()
+    row = next(line for line in stale if line.startswith("evaluate CIDEr"))
+    assert row.split()[2:] == [fresh[-1].split()[2], "(stale)", fresh[-1].split()[3]]
+
+
+# -- seeds ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seeds, message", [
+    ("0-100", "names more than 100 seeds, the most one command runs"),
+    ("0-99,100", "names more than 100 seeds"),
+    ("0-100000000", "names more than 100 seeds"),  # refused at once: counted, not expanded
+    ("²", "expected seeds as 0,1,2 or 0-4 (ASCII digits), got '²'"),
+    ("٣", "got '٣'"),  # an Arabic-Indic three once ran as seed 3
+    ("5-2", "5-2 is no range; write it upwards (2-5)"),
+    ("4294967296", "a seed is from 0 to 4294967295"),
+])
+def test_seeds_over_the_bound_or_not_ascii_are_refused_before_any_folder(project, seeds,
+                                                                          message):
+    refused = project.stage_cmd("run", "train", "--seeds", seeds, expect_ok=False)
+    assert refused.exit_code != 0 and message in refused.output
+    assert not (project.workdir / "exps").exists()
+
+
+def test_a_seeds_folder_is_made_when_its_stage_runs_and_unmade_when_it_is_refused(project):
+    """`100-2100` made 2,001 experiment folders before the first stage ran; a seed its
+    command refused left its folder, and a name that then meant other settings."""
+    from pipeline.engine.experiments import parse_seeds
+
+    assert parse_seeds("0-99") == list(range(100)) and parse_seeds("3,1-3,0") == [3, 1, 2, 0]
+    train = project.workdir / "scripts" / "train.py"
+    train.write_text("import sys\nif sys.argv[3] == '2':\n    sys.exit('seed 2: refused')\n"
+                     + TRAIN)
+    refused = project.stage_cmd("run", "train", "--seeds", "1,2,3", expect_ok=False).output
+    assert "[seed1] Running stage 'train'" in refused
+    assert "experiment 'seed2': stage 'train' failed" in refused
+    assert "its folder" in refused and "is removed again: it held no result" in refused
+    exps = project.workdir / "exps"
+    assert sorted(p.name for p in exps.iterdir()) == ["seed1"]  # seed 3 never reached
+    assert (exps / "seed1/runs/model/model.json").is_file()
+
+
+def test_a_refused_set_names_its_experiment_and_leaves_no_folder(project):
+    train = project.workdir / "scripts" / "train.py"
+    train.write_text("import sys\nif sys.argv[3] == '9':\n    sys.exit('seed 9: refused')\n"
+                     + TRAIN)
+    refused = project.stage_cmd("run", "train", "--set", "seed=9", "--name", "v",
+                                expect_ok=False).output
+    assert "experiment 'v': stage 'train' failed" in refused
+    assert not (project.workdir / "exps" / "v").exists()
+    project.stage_cmd("run", "train", "--set", "seed=8", "--name", "v")  # v is free again
+    assert json.loads((project.workdir / "exps/v/runs/model/model.json").read_text())["seed"] == 8
+
+
+# -- manifests -----------------------------------------------------------------------------
+
+def test_a_damaged_manifest_is_set_aside_and_the_others_still_listed(project, caplog):
+    project.stage_cmd("run", "train", "--set", "seed=7", "--name", "s7")
+    project.stage_cmd("run", "train", "--set", "seed=8", "--name", "s8")
+    manifest = project.workdir / "exps" / "s8" / "experiment.yaml"
+    damaged = b"name: s8\nparams: {seed: [8\n"
+    manifest.write_bytes(damaged)
+    listing = project.stage_cmd("exp", "list").output
+    assert "s7" in listing and "s8" not in listing
+    assert f"{manifest}: damaged experiment manifest (not valid YAML" in caplog.text
+    assert (manifest.parent / "experiment.yaml.damaged").read_bytes() == damaged  # nothing lost
+    named = project.stage_cmd("stages", "--name", "s8", expect_ok=False).output
+    assert "experiment 's8': its manifest was damaged, and set aside as" in named
+    assert "seed" in project.stage_cmd("exp", "diff", "s7").output
+    project.stage_cmd("exp", "remove", "s8")
+    assert not manifest.parent.exists() and (project.workdir / "exps" / "s7").is_dir()
+
+
+# -- paths in params -----------------------------------------------------------------------
+
+COPY = """\
+import pathlib, sys
+source, out, tag = sys.argv[1:]
+pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+pathlib.Path(out).write_text(pathlib.Path(source).read_text() + tag)
+"""
+PATHS = """
+params:
+  python: {python}
+stages:
+  copy:
+    cmd: ${{python}} scripts/copy.py ${{src}} out/copy.txt ${{tag}}
+    params: {{src: ../inputs/a.txt, tag: "-"}}
+    deps:
+      - ${{src}}
+    outs: [out/copy.txt]
+"""
+
+
+def test_a_path_out_of_the_workdir_names_the_same_file_in_an_experiment(capstack, tmp_path):
+    """An experiment runs in exps/NAME/, from where `../inputs/b.txt` was exps/inputs/b.txt."""
+    project = type(capstack)(tmp_path / "w")
+    (project.workdir / "scripts").mkdir(parents=True)
+    (project.workdir / "scripts" / "copy.py").write_text(COPY)
+    (project.workdir / "stages.yaml").write_text(PATHS.format(python=json.dumps(sys.executable)))
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "a.txt").write_text("A")
+    (tmp_path / "inputs" / "b.txt").write_text("B")
+    project.stage_cmd("run", "copy")
+    project.stage_cmd("run", "copy", "--set", "src=../inputs/b.txt", "--name", "b")
+    project.stage_cmd("run", "copy", "--set", "tag=+", "--name", "plus")  # the file's ../
+    exps = project.workdir / "exps"
+    assert (project.workdir / "out/copy.txt").read_text() == "A-"
+    assert (exps / "b/out/copy.txt").read_text() == "B-"
+    assert (exps / "plus/out/copy.txt").read_text() == "A+"
+    assert states(project, "--name", "b") == {"copy": "up to date"}
+    (tmp_path / "inputs" / "b.txt").write_text("B2")
+    assert states(project, "--name", "b") == {"copy": "stale"}

@@ -17,6 +17,7 @@ import stat
 import sys
 import time
 from pathlib import Path
+from typing import Iterable
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.regular import not_regular, open_regular
@@ -101,6 +102,57 @@ def exclusive_run(lock_path: str | os.PathLike, what: str):
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def holder_now(lock_path: str | os.PathLike) -> str | None:
+    """Who holds ``lock_path``'s lock now, as a refusal names them (``pid 4242 on host since
+    ...``); None when nobody does, or when it is missing or no regular file. A look: the lock is
+    taken (shared, never written) for an instant when it is free."""
+    fd = _open_existing(Path(lock_path))
+    if fd is None:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe_holder(Path(lock_path))
+        return None
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def holding_all(lock_paths: Iterable[str | os.PathLike], what: str):
+    """Hold each of ``lock_paths`` that is a regular file for the block, opened read-only
+    (nothing written to them): what removes the folder they lie in, so no run starts there
+    meanwhile. A CapstackError naming the holder of the first one held: ``{what} is in use:
+    LOCK is held by ...``."""
+    with contextlib.ExitStack() as held:
+        for path in map(Path, lock_paths):
+            fd = _open_existing(path)
+            if fd is None:
+                continue
+            held.callback(os.close, fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise CapstackError(f"{what} is in use: {path} is held by "
+                                    f"{_describe_holder(path)}; wait for it to finish or stop "
+                                    f"it, then run again") from None
+        yield
+
+
+def _open_existing(lock_path: Path) -> int | None:
+    """``lock_path`` open read-only when it is a regular file (None otherwise): never made,
+    never waited on (a FIFO)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def lock_beside(path: str | os.PathLike) -> Path:

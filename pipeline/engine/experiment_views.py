@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.regular import NotRegular, read_text
-from pipeline.engine.experiments import Experiment, ExperimentPipeline
-from pipeline.engine.stages import NEVER_RUN, Pipeline
+from pipeline.core.runlock import holder_now
+from pipeline.engine.experiments import Experiment, ExperimentPipeline, run_lock
+from pipeline.engine.stages import NEVER_RUN, UP_TO_DATE, Pipeline
 
 SHOWN_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")  # exp show's and exp diff's metrics
 BASELINE = "baseline"
+RUNNING = "running"
 
 
 def baseline_values(baseline: Pipeline, experiment: Experiment) -> dict[str, Any]:
@@ -31,10 +33,17 @@ def baseline_values(baseline: Pipeline, experiment: Experiment) -> dict[str, Any
     return values
 
 
+def states_now(pipeline: Pipeline) -> dict[str, str]:
+    """Each stage's state: ``running`` while its run lock is held (its record is written only
+    when it ends, so until then its record says never run, or stale), else its status's."""
+    return {name: RUNNING if holder_now(run_lock(pipeline, name)) else status.state
+            for name, status in pipeline.statuses().items()}
+
+
 def own_state(pipeline: ExperimentPipeline) -> str:
-    """How many of the experiment's own stages are up to date, stale, never run."""
-    states = pipeline.statuses()
-    counts = Counter(states[name].state for name in pipeline.file.order if name in pipeline.own)
+    """How many of the experiment's own stages are up to date, stale, never run, running."""
+    states = states_now(pipeline)
+    counts = Counter(states[name] for name in pipeline.file.order if name in pipeline.own)
     return ", ".join(f"{n} {state}" for state, n in counts.items()) or "no stage of its own"
 
 
@@ -92,19 +101,19 @@ def show(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[s
     keys = list(dict.fromkeys(k for p in pipelines for k in p.experiment.params))
     roots = list(dict.fromkeys(r for p in pipelines for r in p.experiment.roots))
     rows = [["experiment", "evaluation", *keys, "state", *SHOWN_METRICS]]
-    baseline_states, baseline_metrics = baseline.statuses(), evaluations(baseline)
-    seen = [(p, p.statuses(), evaluations(p, p.own)) for p in pipelines]
+    baseline_states, baseline_metrics = states_now(baseline), evaluations(baseline)
+    seen = [(p, states_now(p), evaluations(p, p.own)) for p in pipelines]
     for stage in baseline.file.order:
         shown = [(p, states, own) for p, states, own in seen
                  if stage in p.own and (stage in own or _is_evaluation(p, stage)
-                                        and states[stage].state != NEVER_RUN)]
+                                        and states[stage] != NEVER_RUN)]
         if shown:
             rows.append([BASELINE, stage, *effective_values(baseline, stage, keys, roots),
-                         baseline_states[stage].state,
+                         baseline_states[stage],
                          *(percent(baseline_metrics.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
         for p, states, own in shown:
             rows.append([p.experiment.name, stage, *effective_values(p, stage, keys, roots),
-                         states[stage].state,
+                         states[stage],
                          *(percent(own.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
     return rows
 
@@ -127,7 +136,9 @@ def _is_evaluation(pipeline: Pipeline, stage: str) -> bool:
 def diff(baseline: Pipeline, a: ExperimentPipeline, b: ExperimentPipeline | None
          ) -> list[list[str]]:
     """``exp diff A [B]``: each param set differently (B: the baseline when not given), then
-    each evaluation both have, metric by metric."""
+    each evaluation both have, metric by metric; a value of an evaluation that is not up to
+    date says its state (``41.0 (stale)``): its metrics are of other settings, or other
+    code."""
     name_b = b.experiment.name if b else BASELINE
     rows = [["", a.experiment.name, name_b]]
     was = {**baseline_values(baseline, a.experiment),
@@ -137,11 +148,18 @@ def diff(baseline: Pipeline, a: ExperimentPipeline, b: ExperimentPipeline | None
     for k in dict.fromkeys([*values_a, *values_b]):
         if str(values_a.get(k)) != str(values_b.get(k)):
             rows.append([k, str(values_a.get(k, "-")), str(values_b.get(k, "-"))])
-    metrics_a = evaluations(a)
-    metrics_b = evaluations(b) if b else evaluations(baseline)
+    side_b = b or baseline
+    metrics_a, metrics_b = evaluations(a), evaluations(side_b)
+    states_a, states_b = states_now(a), states_now(side_b)
     for stage in [s for s in metrics_a if s in metrics_b]:
         for m in SHOWN_METRICS:
             va, vb = metrics_a[stage].get(m), metrics_b[stage].get(m)
             if va is not None and vb is not None and va != vb:
-                rows.append([f"{stage} {m}", percent(va), percent(vb)])
+                rows.append([f"{stage} {m}", _as_of(va, states_a[stage]),
+                             _as_of(vb, states_b[stage])])
     return rows
+
+
+def _as_of(value: Any, state: str) -> str:
+    """A metric in percent, with its evaluation's state when it is not up to date."""
+    return percent(value) if state == UP_TO_DATE else f"{percent(value)} ({state})"

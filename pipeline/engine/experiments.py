@@ -13,13 +13,19 @@ checkpoints and feature pointers where it changed nothing, and never write into 
 stores stay shared by fingerprint: an extraction with other params writes a store of another
 name, never over one.
 
-The manifest ``exps/NAME/experiment.yaml`` records the settings; asking the same name for other
-settings is refused with what differs. Removing an experiment removes its folder: its own outs
-and the links, never what a link points to.
+The manifest ``exps/NAME/experiment.yaml`` records the settings, written when the experiment's
+first stage runs (a refused command makes no folder); asking the same name for other settings
+is refused with what differs. A param of an own stage holding a relative path that leaves the
+workdir (``../x.yaml``) is made absolute from the workdir, so it names the baseline's file.
+Removing an experiment removes its folder, unless a run holds one of its locks: its own outs
+and the links, never what a link points to. A name is checked wherever it is read: it never
+names a folder outside ``exps/``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import shlex
@@ -27,21 +33,26 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import yaml
 
-from pipeline.core.atomic import atomic_file
-from pipeline.core.errors import CapstackError
+from pipeline.core.atomic import atomic_file, unused_sibling
+from pipeline.core.errors import CapstackError, shown
 from pipeline.core.regular import read_text
+from pipeline.core.runlock import holding_all
 from pipeline.core.yamlfile import check_expanded
 from pipeline.engine.stagefile import Stage, StagesFile, parse_assignment
 from pipeline.engine.stages import Pipeline, StageStatus, same_value
 
+log = logging.getLogger(__name__)
+
 EXPERIMENTS = "exps"  # the experiments' folder, under the workdir
 MANIFEST = "experiment.yaml"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")  # whole: fullmatch (``$`` lets "a\n" by)
 _STATE = {".capstack", MANIFEST}  # an experiment's own bookkeeping, never a link
+MAX_SEEDS = 100  # seeds one --seeds may name: each is a run, most an experiment of its own
+MAX_SEED = 2**32 - 1  # the largest seed (train.seed's bound)
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,10 @@ class Experiment:
 
     ``group``: what the report calls its rows; the experiment's name, except for one seed of a
     seeds axis (``--seeds``), which is its group's (``""``: the baseline's) at another seed.
+
+    ``base``: the group's experiment of a seed, as this command has it (maybe not written
+    yet); ``unsaved``: the manifest on disk lacks it (new, or its roots grew), written by
+    :func:`save_experiment` when its stage runs.
     """
 
     name: str
@@ -58,16 +73,26 @@ class Experiment:
     group: str
     created: str = ""
     folder: Path = field(default=Path("."), compare=False)
+    base: Experiment | None = field(default=None, compare=False, repr=False)
+    unsaved: bool = field(default=False, compare=False)
+
+
+class UnusableExperiment(CapstackError):
+    """A folder under ``exps/`` no command can use as it is (its manifest damaged, and set
+    aside; the folder a symbolic link; a name no experiment has): refused when named, said and
+    left out by a listing, so it never hides the other experiments."""
 
 
 def folder_of(workdir: Path, name: str) -> Path:
     return Path(workdir) / EXPERIMENTS / name
 
 
-def check_name(name: str) -> str:
-    if not _NAME.match(name) or name in (".", ".."):
-        raise CapstackError(f"--name {name}: an experiment's name is letters, digits and "
-                            f"'_.+=-', starting with a letter or digit")
+def check_name(name: str, option: str = "--name") -> str:
+    """``name`` when it names a folder right under ``exps/``; checked wherever a name is read,
+    not only where one is made: ``../../x`` would reach a folder outside the workdir."""
+    if not _NAME.fullmatch(name):
+        raise UnusableExperiment(f"{option} {shown(name)}: an experiment's name is letters, "
+                                 f"digits and '_.+=-', starting with a letter or digit")
     return name
 
 
@@ -78,33 +103,83 @@ def auto_name(params: Mapping[str, Any]) -> str:
 
 
 def read_experiment(workdir: Path, name: str) -> Experiment:
-    """The manifest of experiment ``name``; a CapstackError naming the file when it is missing
-    or damaged."""
-    folder = folder_of(workdir, name)
+    """The manifest of experiment ``name``; a CapstackError naming the file when it is missing,
+    refused (an alias bomb, a FIFO) or damaged: a damaged one is set aside
+    (``experiment.yaml.damaged``, never deleted), as a damaged lock file is."""
+    check_name(name, "experiment")
+    folder = _real_folder(workdir, name)
     path = folder / MANIFEST
     try:
-        doc = yaml.safe_load(read_text(path, "an experiment manifest"))
+        text = read_text(path, "an experiment manifest")
     except FileNotFoundError:
-        known = ", ".join(e.name for e in experiments(workdir)) or "none"
-        raise CapstackError(f"no experiment named '{name}' in {workdir} (experiments: "
-                            f"{known})") from None
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
-        raise CapstackError(f"{path}: not a readable experiment manifest ({e})") from None
+        raise _missing(workdir, name) from None
+    except UnicodeDecodeError:
+        raise _set_aside(path, name, "not UTF-8 text") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise _set_aside(path, name, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise _set_aside(path, name, "nested too deeply to be a manifest") from None
     check_expanded(doc, str(path), "an experiment manifest")
     ok = isinstance(doc, dict) and isinstance(doc.get("params"), dict) \
         and isinstance(doc.get("roots"), list) and all(isinstance(r, str) for r in doc["roots"])
     if not ok or doc.get("name") != name:
-        raise CapstackError(f"{path}: not an experiment manifest of '{name}' (expected name, "
-                            f"params and roots)")
+        raise _set_aside(path, name, f"not an experiment manifest of '{name}': expected its "
+                                     f"name, params and roots")
     return Experiment(name, dict(doc["params"]), tuple(doc["roots"]),
                       str(doc.get("group", name)), str(doc.get("created", "")), folder)
 
 
+def _real_folder(workdir: Path, name: str) -> Path:
+    """The folder of experiment ``name``, refused when it is a symbolic link: whatever it
+    points to is no folder capstack made, and a view or a run would write links there."""
+    folder = folder_of(workdir, name)
+    if folder.is_symlink():
+        raise UnusableExperiment(
+            f"{folder}: a symbolic link (to {os.readlink(folder)}); an experiment's folder is "
+            f"a real folder capstack makes and writes in: `capstack exp remove {name}` removes "
+            f"the link, never what it points to")
+    return folder
+
+
+class NoSuchExperiment(CapstackError):
+    """No experiment of that name (no folder, or one holding no manifest)."""
+
+
+def _missing(workdir: Path, name: str) -> CapstackError:
+    folder = folder_of(workdir, name)
+    damaged = sorted(folder.glob(f"{MANIFEST}.damaged*")) if folder.is_dir() else []
+    if damaged:
+        return UnusableExperiment(f"experiment '{name}': its manifest was damaged, and set "
+                                  f"aside as {damaged[-1]}; `capstack exp remove {name}` "
+                                  f"removes its folder")
+    known = ", ".join(e.name for e in experiments(workdir)) or "none"
+    return NoSuchExperiment(f"no experiment named '{name}' in {workdir} (experiments: {known})")
+
+
+def _set_aside(path: Path, name: str, problem: str) -> UnusableExperiment:
+    """Move a damaged manifest aside (never deleted): the experiment is then unknown, and
+    every other one readable."""
+    kept = unused_sibling(path, ".damaged")
+    with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+        os.replace(path, kept)
+    return UnusableExperiment(f"{path}: damaged experiment manifest ({problem}); moved to "
+                              f"{kept}: `capstack exp remove {name}` removes its folder")
+
+
 def experiments(workdir: Path) -> list[Experiment]:
-    """Every experiment under the workdir, by name."""
+    """Every experiment under the workdir, by name; a folder none can use (a damaged manifest,
+    set aside; a link) is said in a warning and left out."""
     root = Path(workdir) / EXPERIMENTS
     names = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST}")) if root.is_dir() else []
-    return [read_experiment(workdir, n) for n in names]
+    found = []
+    for name in names:
+        try:
+            found.append(read_experiment(workdir, name))
+        except UnusableExperiment as e:
+            log.warning("%s; not listed", e)
+    return found
 
 
 def _write(experiment: Experiment) -> None:
@@ -125,21 +200,20 @@ def settings_differences(recorded: Mapping[str, Any], asked: Mapping[str, Any]) 
 
 
 def open_experiment(workdir: Path, name: str, params: Mapping[str, Any],
-                    roots: Iterable[str] = (), group: str | None = None) -> Experiment:
+                    roots: Iterable[str] = (), group: str | None = None,
+                    base: Experiment | None = None) -> Experiment:
     """Experiment ``name``, made with ``params`` on stages ``roots`` when new. An existing one
     must have been made with exactly ``params`` (none given: whatever it has); ``roots`` join
-    its roots. Other settings under the same name are refused with what differs."""
+    its roots. Other settings under the same name are refused with what differs. Nothing is
+    written: a new experiment, or new roots, are ``unsaved`` until :func:`save_experiment`."""
     roots = tuple(roots)
     check_name(name)
-    if not (folder_of(workdir, name) / MANIFEST).is_file():
+    if not (_real_folder(workdir, name) / MANIFEST).is_file():
         if not params:
-            raise CapstackError(f"no experiment named '{name}' in {workdir}; make one with "
-                                f"`capstack run STAGE --set NAME=VALUE --name {name}`")
-        experiment = Experiment(name, dict(params), roots,
-                                name if group is None else group,
-                                time.strftime("%Y-%m-%dT%H:%M:%S"), folder_of(workdir, name))
-        _write(experiment)
-        return experiment
+            raise _missing_to_make(workdir, name)
+        return Experiment(name, dict(params), roots, name if group is None else group,
+                          time.strftime("%Y-%m-%dT%H:%M:%S"), folder_of(workdir, name), base,
+                          unsaved=True)
     experiment = read_experiment(workdir, name)
     if params and not same_value(dict(params), experiment.params):
         raise CapstackError(
@@ -147,29 +221,130 @@ def open_experiment(workdir: Path, name: str, params: Mapping[str, Any],
             f"({'; '.join(settings_differences(experiment.params, params))}); run it without "
             f"--set, or choose another --name, or `capstack exp remove {name}` first")
     added = tuple(r for r in roots if r not in experiment.roots) if params else ()
-    if added:
-        experiment = Experiment(experiment.name, experiment.params,
-                                (*experiment.roots, *added), experiment.group,
-                                experiment.created, experiment.folder)
+    return Experiment(experiment.name, experiment.params, (*experiment.roots, *added),
+                      experiment.group, experiment.created, experiment.folder, base,
+                      unsaved=bool(added))
+
+
+def _missing_to_make(workdir: Path, name: str) -> CapstackError:
+    try:
+        read_experiment(workdir, name)  # says why what is there is none (damaged, a FIFO)
+    except NoSuchExperiment:
+        pass
+    except CapstackError as e:
+        return e
+    return NoSuchExperiment(f"no experiment named '{name}' in {workdir}; make one with "
+                            f"`capstack run STAGE --set NAME=VALUE --name {name}`")
+
+
+def save_experiment(experiment: Experiment) -> list[Path]:
+    """Write the manifest of ``experiment`` (its group's first, for a seed) where it is
+    ``unsaved``: done when its stage runs, so a refused command, or seeds not reached, leave
+    no folder. Returns the folders this made."""
+    made = save_experiment(experiment.base) if experiment.base is not None else []
+    if experiment.unsaved:
+        if not experiment.folder.exists():
+            made.append(experiment.folder)
         _write(experiment)
-    return experiment
+    return made
+
+
+@contextlib.contextmanager
+def running_in(experiment: Experiment | None) -> Iterator[None]:
+    """Around a run in ``experiment`` (None: the baseline): its manifest written first; a
+    refusal said with the experiment's name; and a folder made for this run that holds no
+    result when it is refused (the manifest, links, the engine's bookkeeping only) removed
+    again, so that the same name with other settings is no experiment "made with other
+    settings" that never ran."""
+    if experiment is None:
+        yield
+        return
+    made = save_experiment(experiment)
+    try:
+        yield
+    except CapstackError as e:
+        undone = [folder for folder in reversed(made) if _remove_if_empty(folder)]
+        said = f" (its folder {experiment.folder}, made for this run, is removed again: it " \
+               f"held no result)" if experiment.folder in undone else ""
+        raise CapstackError(f"experiment '{experiment.name}': {e}{said}") from None
+
+
+def _remove_if_empty(folder: Path) -> bool:
+    """Remove ``folder`` when it holds no file a run wrote and no run holds it."""
+    if _first_result(folder) is not None:
+        return False
+    try:
+        with holding_all(run_locks(folder), f"experiment folder {folder}"):
+            shutil.rmtree(folder)
+    except CapstackError:
+        return False
+    return True
+
+
+def _first_result(folder: Path) -> str | None:
+    """The first file under ``folder`` that is more than making an experiment leaves (its
+    manifest, links to the baseline's files, the engine's ``.capstack/``, a released run lock:
+    an empty ``*.lock``), or None."""
+    for here, dirs, files in os.walk(folder):
+        top = Path(here) == folder
+        if top:
+            dirs[:] = [d for d in dirs if d != ".capstack"]
+        for name in files:
+            path = Path(here) / name
+            if path.is_symlink() or (top and name == MANIFEST) \
+                    or (name.endswith(".lock") and path.stat().st_size == 0):
+                continue
+            return str(path.relative_to(folder))
+    return None
 
 
 def remove_experiments(workdir: Path, names: Iterable[str]) -> list[Path]:
     """Remove experiments' folders (their own outs and their links, never what a link points
-    to); returns the folders. An experiment whose seeds (``NAME-seedS``) share its stages goes
-    only with them."""
-    chosen = [read_experiment(workdir, n) for n in dict.fromkeys(names)]
-    names = {e.name for e in chosen}
-    for e in chosen:
-        left = [o.name for o in experiments(workdir)
-                if o.group == e.name and o.name != e.name and o.name not in names]
+    to; a folder that is a link: the link); returns the folders. An experiment whose seeds
+    (``NAME-seedS``) share its stages goes only with them; one whose run holds a lock (a stage
+    of it running, a training writing there) is refused, naming the holder."""
+    names = list(dict.fromkeys(names))
+    folders = [_removable(workdir, n) for n in names]
+    others = experiments(workdir)
+    for name in names:
+        left = [o.name for o in others
+                if o.group == name and o.name != name and o.name not in names]
         if left:
-            raise CapstackError(f"experiment '{e.name}': {', '.join(left)} share its stages "
+            raise CapstackError(f"experiment '{name}': {', '.join(left)} share its stages "
                                 f"(its seeds); remove them too, or first")
-    for e in chosen:
-        shutil.rmtree(e.folder)  # removes links as links: it follows none
-    return [e.folder for e in chosen]
+    with contextlib.ExitStack() as held:  # every run lock held while any folder goes
+        for name, folder in zip(names, folders):
+            if not folder.is_symlink():
+                held.enter_context(holding_all(run_locks(folder), f"experiment '{name}'"))
+        for folder in folders:
+            if folder.is_symlink():
+                folder.unlink()  # the link; what it points to is kept
+            else:
+                shutil.rmtree(folder)  # removes links as links: it follows none
+    return folders
+
+
+def _removable(workdir: Path, name: str) -> Path:
+    """The folder ``exp remove NAME`` removes: an experiment's (its manifest readable or set
+    aside), or a link standing where one goes."""
+    check_name(name, "exp remove")
+    folder = folder_of(workdir, name)
+    if folder.is_symlink() or (folder.is_dir() and any(folder.glob(f"{MANIFEST}*"))):
+        return folder
+    raise _missing(workdir, name)
+
+
+def run_locks(folder: Path) -> list[Path]:
+    """The locks a run in an experiment's ``folder`` holds: each stage's
+    (``.capstack/running/*.pid``) and those beside the outs it writes (a training's
+    ``runs/NAME.lock``). Links are not followed: what they show is the baseline's."""
+    found = []
+    for here, _, files in os.walk(folder):
+        for name in files:
+            path = Path(here) / name
+            if name.endswith((".lock", ".pid")) and not path.is_symlink():
+                found.append(path)
+    return found
 
 
 # -- the experiment's stages ----------------------------------------------------------------
@@ -198,7 +373,8 @@ def pipeline_of(baseline: Pipeline, experiment: Experiment) -> "ExperimentPipeli
     stages upstream of the seed are computed once for all its seeds."""
     base = baseline
     if experiment.group and experiment.group != experiment.name:
-        base = pipeline_of(baseline, read_experiment(baseline.workdir, experiment.group))
+        group = experiment.base or read_experiment(baseline.workdir, experiment.group)
+        base = pipeline_of(baseline, group)
     return ExperimentPipeline(base, experiment)
 
 
@@ -209,11 +385,14 @@ class ExperimentPipeline(Pipeline):
 
     def __init__(self, baseline: Pipeline, experiment: Experiment):
         changed = changed_stages(baseline.file, experiment)
-        super().__init__(baseline.file.with_stages(changed), experiment.folder,
+        varied = baseline.file.with_stages(changed)
+        own = varied.downstream_closure(changed)
+        moved = _from_workdir(varied, own, experiment, _root(baseline).workdir)
+        super().__init__(varied.with_stages(moved) if moved else varied, experiment.folder,
                          baseline.commands, baseline.outs_outside_workdir)
         self.baseline = baseline
         self.experiment = experiment
-        self.own = frozenset(self.file.downstream_closure(changed))
+        self.own = frozenset(own)
 
     def own_outs(self) -> set[str]:
         return {out for name in self.own for out in self.file.stages[name].outs}
@@ -251,10 +430,47 @@ class ExperimentPipeline(Pipeline):
 
     def run_hint(self, name: str) -> str:
         """The baseline's command for stage ``name``, under this experiment's name."""
-        root = self.baseline
-        while isinstance(root, ExperimentPipeline):
-            root = root.baseline
-        return f"{root.run_hint(name)} --name {shlex.quote(self.experiment.name)}"
+        return f"{_root(self).run_hint(name)} --name {shlex.quote(self.experiment.name)}"
+
+
+def _root(pipeline: Pipeline) -> Pipeline:
+    """The workdir's own pipeline under any chain of experiments."""
+    while isinstance(pipeline, ExperimentPipeline):
+        pipeline = pipeline.baseline
+    return pipeline
+
+
+def run_lock(pipeline: Pipeline, name: str) -> Path:
+    """The lock a run of stage ``name`` holds while it runs (``Pipeline._run_one``'s), in the
+    folder of whichever pipeline the stage belongs to: held, the stage is running."""
+    while isinstance(pipeline, ExperimentPipeline) and name not in pipeline.own:
+        pipeline = pipeline.baseline
+    return pipeline.run_lock(name)
+
+
+def _from_workdir(file: StagesFile, own: Iterable[str], experiment: Experiment,
+                  workdir: Path) -> dict[str, Stage]:
+    """The experiment's own stages whose params hold a relative path that leaves the workdir
+    (``../x.yaml``, set or in the file), resolved with that path made absolute from the
+    workdir: they run in ``exps/NAME/``, from where ``../x.yaml`` names another file."""
+    resolved = {}
+    for name in own:
+        stage = file.stages[name]
+        moved = {k: os.path.normpath(workdir / v) for k, v in stage.params.items()
+                 if k != "key" and _leaves(v)}
+        if moved:
+            settings = {k: v for k, v in experiment.params.items() if k in stage.params}
+            resolved[name] = file.overridden(name, {**settings, **moved})
+    return resolved
+
+
+def _leaves(value: Any) -> bool:
+    """Whether ``value`` is a relative path out of the folder it is read from (``..``,
+    ``../x``, ``a/../../x``)."""
+    if not isinstance(value, str) or not value or os.path.isabs(value):
+        return False
+    norm = os.path.normpath(value)
+    return norm == os.pardir or norm.startswith(os.pardir + os.sep)
 
 
 # -- the experiment's view of the workdir ---------------------------------------------------
@@ -315,28 +531,51 @@ def settings_of(text: Iterable[str], stage: Stage, file: StagesFile) -> dict[str
 
 
 # -- what `capstack run` is asked -----------------------------------------------------------
+_SEED_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # [0-9]: ASCII digits only (not \\d, "²")
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``0,1,2`` or ``0-4`` (or both: ``0-2,7``) as seeds in the given order, once each."""
-    seeds: list[int] = []
+    """``0,1,2`` or ``0-4`` (or both: ``0-2,7``) as seeds in the given order, once each: at most
+    ``MAX_SEEDS``, each from 0 to ``MAX_SEED``; counted before a range is expanded, so the parse
+    takes time in proportion to the text."""
+    seeds: dict[int, None] = {}
     for part in (p.strip() for p in text.split(",")):
-        low, dash, high = part.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise CapstackError(f"--seeds {text}: expected seeds as 0,1,2 or 0-4")
-        for seed in range(int(low), int(high or low) + 1):
-            if seed not in seeds:
-                seeds.append(seed)
-    if not seeds:
-        raise CapstackError(f"--seeds {text}: names no seed")
-    return seeds
+        match = _SEED_PART.fullmatch(part)
+        if not match:
+            raise CapstackError(f"--seeds {shown(text)}: expected seeds as 0,1,2 or 0-4 "
+                                f"(ASCII digits), got {shown(part)}")
+        low, high = (_seed(text, d) for d in (match[1], match[2] or match[1]))
+        if high < low:
+            raise CapstackError(f"--seeds {shown(text)}: {part} is no range; write it upwards "
+                                f"({high}-{low})")
+        if high - low >= MAX_SEEDS:
+            raise _too_many(text)
+        seeds.update(dict.fromkeys(range(low, high + 1)))
+        if len(seeds) > MAX_SEEDS:
+            raise _too_many(text)
+    return list(seeds)
+
+
+def _seed(text: str, digits: str) -> int:
+    if len(digits) > len(str(MAX_SEED)) or int(digits) > MAX_SEED:
+        raise CapstackError(f"--seeds {shown(text)}: a seed is from 0 to {MAX_SEED}, got "
+                            f"{shown(digits)}")
+    return int(digits)
+
+
+def _too_many(text: str) -> CapstackError:
+    return CapstackError(f"--seeds {shown(text)}: names more than {MAX_SEEDS} seeds, the most "
+                         f"one command runs (each a run, most an experiment of its own)")
 
 
 def runs_asked(pipeline: Pipeline, stage_name: str, assignments: Iterable[str],
                name: str | None, seeds: Iterable[int] = ()) -> list[Experiment | None]:
-    """The experiments ``capstack run STAGE`` runs the stage in (``None``: the baseline), made
-    or checked: without ``--name``, ``--set`` makes one named by its settings; with
-    ``--seeds``, one run per seed, each seed other than the stage's own an experiment of its
-    own (``NAME-seedS``; ``seedS`` for the baseline's settings) whose report rows are
-    ``NAME``'s (the baseline's) at that seed."""
+    """The experiments ``capstack run STAGE`` runs the stage in (``None``: the baseline),
+    checked, not written (:func:`running_in` writes each when its stage runs): without
+    ``--name``, ``--set`` makes one named by its settings; with ``--seeds``, one run per seed,
+    each seed other than the stage's own an experiment of its own (``NAME-seedS``; ``seedS``
+    for the baseline's settings) whose report rows are ``NAME``'s (the baseline's) at that
+    seed."""
     file, workdir = pipeline.file, pipeline.workdir
     stage = file.stage(stage_name)
     params = asked = settings_of(assignments, stage, file)
@@ -352,38 +591,54 @@ def runs_asked(pipeline: Pipeline, stage_name: str, assignments: Iterable[str],
         if asked:
             raise CapstackError(f"--seeds with --set: stage '{stage_name}' has no param 'seed'; "
                                 f"set the params and seeds on a stage that has one")
-        return [_seed_run(file, workdir, group, seed, stage_name) for seed in seeds]
+        return _seed_runs(file, workdir, group, seeds, stage_name)
     if "seed" in asked:
         raise CapstackError("--seeds with a seed set (--set seed=...): give the seeds only")
     own_seed = params.get("seed", stage.params["seed"])  # the group's seed: the group itself
+    base = open_experiment(workdir, group, params, roots) if group else None
+    return [base if seed == own_seed else
+            open_experiment(workdir, f"{group}-seed{seed}" if group else f"seed{seed}",
+                            {**params, "seed": seed}, roots, group=group, base=base)
+            for seed in seeds]
+
+
+def _seed_runs(file: StagesFile, workdir: Path, group: str, seeds: list[int],
+               stage_name: str) -> list[Experiment | None]:
+    """Where a stage without a seed param runs at each of ``seeds``: the seed's experiment,
+    made on a stage upstream that has one (``capstack run train@X --seeds ...``), or the group
+    itself (``None``: the baseline) at the seed the group has there."""
     runs: list[Experiment | None] = []
+    others: list[Experiment] | None = None  # the experiments, read once when needed
     for seed in seeds:
-        if seed == own_seed:
-            runs.append(open_experiment(workdir, group, params, roots) if group else None)
-        else:
-            runs.append(open_experiment(workdir, f"{group}-seed{seed}" if group else
-                                        f"seed{seed}", {**params, "seed": seed}, roots,
-                                        group=group))
+        name = f"{group}-seed{seed}" if group else f"seed{seed}"
+        if (folder_of(workdir, name) / MANIFEST).is_file():
+            runs.append(read_experiment(workdir, name))
+            continue
+        group_params = read_experiment(workdir, group).params if group else {}
+        others = experiments(workdir) if others is None else others
+        seeded = [r for e in others if e.group == group and e.name != group
+                  for r in e.roots if r in file.stages and "seed" in file.stages[r].params]
+        if not seeded:  # no other seed run yet: the seed of the stages upstream that have one
+            seeded = [u for u in file.upstream_closure(stage_name)
+                      if "seed" in file.stages[u].params]
+        own = {group_params.get("seed", file.stages[r].params["seed"]) for r in seeded}
+        if own != {seed}:
+            raise CapstackError(
+                f"--seeds: no experiment {name} for stage '{stage_name}', which has no param "
+                f"'seed': run the seeds on a stage upstream that has one first (`capstack run "
+                f"STAGE --seeds ...`), then this stage over them")
+        runs.append(read_experiment(workdir, group) if group else None)
     return runs
 
 
-def _seed_run(file: StagesFile, workdir: Path, group: str, seed: int,
-              stage_name: str) -> Experiment | None:
-    """Where a stage without a seed param runs at ``seed``: the seed's experiment, made on a
-    stage upstream that has one (``capstack run train@X --seeds ...``), or the group itself
-    (``None``: the baseline) at the seed the group has there."""
-    name = f"{group}-seed{seed}" if group else f"seed{seed}"
-    if (folder_of(workdir, name) / MANIFEST).is_file():
-        return read_experiment(workdir, name)
-    group_params = read_experiment(workdir, group).params if group else {}
-    seeded = [r for e in experiments(workdir) if e.group == group and e.name != group
-              for r in e.roots if r in file.stages and "seed" in file.stages[r].params]
-    if not seeded:  # no other seed run yet: the seed of the stages upstream that have one
-        seeded = [u for u in file.upstream_closure(stage_name) if "seed" in file.stages[u].params]
-    own = {group_params.get("seed", file.stages[r].params["seed"]) for r in seeded}
-    if own == {seed}:
-        return read_experiment(workdir, group) if group else None
-    raise CapstackError(f"--seeds: no experiment {name} for stage '{stage_name}', which has no "
-                        f"param 'seed': run the seeds on a stage upstream that has one first "
-                        f"(`capstack run STAGE --seeds ...`), then this stage over them")
-
+def pipelines_listed(baseline: Pipeline) -> list[ExperimentPipeline]:
+    """Every experiment's stages, for a listing (``exp list``, ``exp show``): one that cannot be
+    used (its manifest damaged, its group's too, a stage of it no longer in the stages file) is
+    said in a warning and left out, so it never hides the others."""
+    pipelines = []
+    for experiment in experiments(baseline.workdir):
+        try:
+            pipelines.append(pipeline_of(baseline, experiment))
+        except CapstackError as e:
+            log.warning("experiment '%s': %s; not listed", experiment.name, e)
+    return pipelines

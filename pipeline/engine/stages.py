@@ -358,7 +358,7 @@ class Pipeline:
         """Run ``stage`` when it is not up to date (or ``force``), from a clean start: its
         outs are set aside first (:meth:`_set_aside_outs`), unless they are what a run of this
         very stage left when it was interrupted (:meth:`_resumes`), which its command resumes."""
-        holder = self.state_dir / "running" / f"{self.file.path.stem}.{lock_name(stage.name)}.pid"
+        holder = self.run_lock(stage.name)
         with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}") as lock:
             status = self.own_status(stage)
             if status.up_to_date and not force:
@@ -379,6 +379,10 @@ class Pipeline:
             self._attempt_path(stage).unlink(missing_ok=True)
             self._drop_unchanged(set_aside, report)
             return True
+
+    def run_lock(self, name: str) -> Path:
+        """The lock a run of stage ``name`` holds while it runs: held, the stage is running."""
+        return self.state_dir / "running" / f"{self.file.path.stem}.{lock_name(name)}.pid"
 
     # -- a run's clean start ------------------------------------------------------------
     # A stage that runs because it is stale or forced computes its outs afresh, as dvc does
