@@ -121,6 +121,47 @@ def test_caption_refuses_given_box_regions_and_runs_detected_ones(setup, tmp_pat
     assert out.startswith(f"{image}: ") and (tmp_path / "regions.png").is_file()
 
 
+def test_caption_stopped_by_ctrl_c_while_decoding_ends_at_once_drawing_nothing(
+        setup, capstack, tmp_path, monkeypatch):
+    """Batches of 2 images: the Ctrl-C comes while the second decodes, after the first's
+    pictures could have been drawn; none is, and no caption is printed."""
+    import os
+    import signal
+
+    import trainer.evaluation.caption as captioning
+    import trainer.evaluation.predict as predicting
+
+    root, dataset, _, _, _ = setup
+    files = sorted((dataset.parent / "images").glob("*.png"))[:3]
+    monkeypatch.setattr(captioning, "CAPTION_BATCH", 2)
+    decode, decodes, steps = predicting.decode, [], []
+
+    def signalling(model, ctx, config, vocab=None):
+        decodes.append(1)
+        step = model.step
+
+        def counted(*args):
+            steps.append(len(decodes))
+            if len(decodes) == 2 and steps.count(2) == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return step(*args)
+
+        monkeypatch.setattr(model, "step", counted)
+        return decode(model, ctx, config, vocab)
+
+    monkeypatch.setattr(predicting, "decode", signalling)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = capstack("caption", "--checkpoint", root / "run", *files, "--beam", 3,
+                          "--attention", tmp_path / "att-{n}.png", expect_ok=False)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert result.exit_code == 1 and steps.count(2) == 3  # not one step more
+    assert result.output.strip() == "Error: interrupted (Ctrl-C) while decoding, after 2 of 3 " \
+        "images: nothing written"
+    assert not list(tmp_path.glob("att-*.png"))
+
+
 def test_caption_of_an_unreadable_image_names_it(setup, capstack, tmp_path):
     root = setup[0]
     bad = tmp_path / "broken.png"

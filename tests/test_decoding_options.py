@@ -4,9 +4,14 @@ cannot work are refused by name, and the defaults decode exactly as before."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
+import re
+import signal
 from collections import Counter
+from functools import partial
 from dataclasses import asdict
 
 import pytest
@@ -18,10 +23,11 @@ from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from pipeline.core.errors import CapstackError
 from trainer.batch import EvalBatch
 from trainer.config import EvalConfig, from_dict, load_experiment
-from trainer.decode import beam_search, greedy
+from trainer.bounds import MAX_CAPTION_WORDS
+from trainer.decode import beam_search, greedy, tempered
 from trainer.decoders.base import Decoder, per_row
-from trainer.decoding_options import (BAD_ENDINGS, DecodingConfig, decode, fast_path, filtered,
-                                      length_penalized)
+from trainer.decoding_options import (BAD_ENDINGS, MAX_WU_ALPHA, DecodingConfig, decode,
+                                      fast_path, filtered, length_penalized)
 from trainer.evaluation.predict import predict
 from trainer.scoring.references import load_results
 
@@ -302,6 +308,63 @@ def test_temperature_sharpens_sampling():
     assert cold["dog"] >= 190
 
 
+TOO_SMALL = [1e-39, 1e-45, 1e-300]  # below float32's normal numbers, its smallest, and 0 in it
+
+
+@pytest.mark.parametrize("temperature", TOO_SMALL)
+@pytest.mark.parametrize("how", [dict(beam_size=3), dict(beam_size=3, length_penalty="wu_1"),
+                                 dict(search="greedy", sample_method="sample", n=3),
+                                 dict(search="greedy", sample_method="gumbel", n=3),
+                                 dict(search="greedy", sample_method="sample", top_k=2, n=3)])
+def test_a_temperature_too_small_for_float32_decodes_its_limit(temperature, how):
+    """log p / T leaves float32 for every word (NaN scores: empty captions, or multinomial's
+    'probability tensor contains inf'): the limit as T falls to 0 is the most probable word."""
+    torch.manual_seed(0)
+    model = Timed(LOOP)
+    ctx = context(model)
+    most_probable = captions(greedy(model, ctx, 8))[0]
+    assert most_probable == ["dog", "runs", "dog", "runs", "dog"]
+    got = decode(model, ctx, options(max_len=8, temperature=temperature, **how), VOCAB)
+    assert captions(got)[0] == most_probable
+    if "sample_method" in how:  # every draw is the most probable word
+        assert captions(got) == [most_probable] * 3
+    assert got.scores[0].item() == pytest.approx(model_score_timed(most_probable), abs=1e-5)
+
+
+def model_score_timed(words: list[str]) -> float:
+    logp = torch.log_softmax(Timed(LOOP).table, -1)
+    ids = [ID[w] for w in words] + [EOS_ID]
+    return sum(float(logp[t, w]) for t, w in enumerate(ids))
+
+
+def test_an_ordinary_temperature_divides_as_before():
+    """The limit only replaces rows that would be NaN: at any ordinary temperature the weights
+    are logits / T to the bit, so decodes are what they were."""
+    x = (torch.randn(6, 50, generator=torch.Generator().manual_seed(3)) * 5).clamp(-3, 3)
+    for t in (0.05, 0.7, 1.0, 3.0):
+        assert torch.equal(tempered(x, t), x / t)
+    x[2, 7] = 1e3  # the one row float32 loses at T 1e-38 (3 / 1e-38 it holds): 1e3 alone
+    limit = tempered(x, 1e-38)
+    assert torch.equal(limit[2] == 0, torch.arange(50) == 7) and limit[2].max() == 0
+    assert torch.equal(limit[[0, 1, 3, 4, 5]], x[[0, 1, 3, 4, 5]] / 1e-38)
+    assert not torch.isnan(torch.log_softmax(limit, 1)).any()
+
+
+@pytest.mark.parametrize("p", [1e-46, 1e-300])
+@pytest.mark.parametrize("method", ["sample", "gumbel"])
+def test_a_top_p_below_float32s_smallest_number_keeps_the_most_probable_word(p, method):
+    """p reads as 0 in float32, which every word reaches: the nucleus was empty (NaN weights,
+    multinomial raised); it always holds the most probable word."""
+    logp = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    assert torch.isfinite(filtered(logp, 1.0, 0, p)).tolist() == \
+        [[True, False, False, False], [False, False, False, True]]
+    torch.manual_seed(0)
+    model = markov(*[FLAT] * 2)
+    drawn = captions(decode(model, context(model, 2), options(
+        search="greedy", sample_method=method, top_p=p, n=20, max_len=1), VOCAB))
+    assert drawn == [["dog"]] * 40
+
+
 # short: "dog" (0.6); long: "a cat runs" (0.4 x 0.97^3): raw scores favour the short one
 LENGTHS = {"<bos>": {"dog": 0.6, "a": 0.4}, "dog": {"<eos>": 1.0}, "a": {"cat": 0.97, "on": 0.03},
            "cat": {"runs": 0.97, "on": 0.03}, "runs": {"<eos>": 0.97, "on": 0.03},
@@ -341,6 +404,31 @@ def test_length_penalty_formulas():
     assert length_penalized("wu", 0.5, s, length).item() == pytest.approx(-2 / (9 / 6) ** 0.5)
     assert length_penalized("avg", 0.7, s, length).item() == pytest.approx(-0.5)
     assert length_penalized("none", 0.0, s, length).item() == -2.0
+
+
+def test_wu_alpha_is_bounded_where_float32_holds_the_penalty():
+    """(5 + L)^alpha overflowed float32 from alpha 40 or so (every score 0 or NaN: empty or cut
+    captions) and 6^alpha raised OverflowError at 1000; up to the bound, at the longest
+    captions, every score is the formula's."""
+    longest = MAX_CAPTION_WORDS + 1  # tokens, <eos> included
+    s = torch.tensor([float("-inf"), -50.0, -3.0, -1e-3, 0.0])
+    lengths = torch.tensor([longest, longest, 7, 1, longest])
+    got = length_penalized("wu", MAX_WU_ALPHA, s, lengths)
+    exact = [v / ((5 + n) / 6) ** MAX_WU_ALPHA for v, n in zip(s.tolist(), lengths.tolist())]
+    assert got.tolist() == pytest.approx(exact, rel=1e-5)
+    assert not torch.isnan(got).any()
+    model = markov(LENGTHS)
+    got = decode(model, context(model), options(beam_size=3, max_len=MAX_CAPTION_WORDS,
+                                                length_penalty="wu_10"), VOCAB)
+    assert captions(got) == [expected_by_formula(model, [["dog"], ["a", "cat", "runs"]],
+                                                 "wu_10")]
+    for above in ("wu_10.5", "wu_40", "wu_60", "wu_1000", "wu_1e400"):
+        with pytest.raises(CapstackError, match=(
+                rf"^capstack evaluate: eval.length_penalty: wu_ALPHA takes ALPHA from 0 to 10 "
+                rf"\(GNMT's is within 0 to 1; above 10, \(5 \+ L\)\^ALPHA leaves float32\), "
+                rf"got '{above}'$")):
+            from_dict(EvalConfig, {"length_penalty": above}, "capstack evaluate", "eval.")
+    assert options(length_penalty="avg_1000").length_penalty == "avg_1000"  # alpha unused
 
 
 TWINS = {"<bos>": {"dog": 0.5, "cat": 0.45, "grass": 0.05}, "dog": {"<eos>": 1.0},
@@ -458,6 +546,102 @@ def test_results_with_ranks_are_scored_on_rank_one(tmp_path):
         load_results(tmp_path / "bad.json")
 
 
+# ------------------------------------------------------------------------- progress, Ctrl-C
+
+
+def batches(images: int, per_batch: int = 2) -> list[EvalBatch]:
+    return [EvalBatch(list(range(start, min(start + per_batch, images))),
+                      torch.arange(start, min(start + per_batch, images), dtype=torch.float32)
+                      [:, None, None], torch.ones(min(per_batch, images - start), 1,
+                                                  dtype=torch.bool), None)
+            for start in range(0, images, per_batch)]
+
+
+class Signalled(Markov):
+    """Random(0)'s table; sends itself ``signum`` at its ``at``-th step and counts the steps
+    run after it (a decode honouring the signal at once runs none)."""
+
+    def __init__(self, signum: int, at: int):
+        super().__init__(Random(0, images=6).table)
+        self.signum, self.at, self.steps, self.after = signum, at, 0, 0
+
+    def step(self, words, state, ctx):
+        self.steps += 1
+        if self.steps == self.at:
+            os.kill(os.getpid(), self.signum)
+        elif self.steps > self.at:
+            self.after += 1
+        return super().step(words, state, ctx)
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own Ctrl-C handler (KeyboardInterrupt), whatever the test runner set."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("how", [dict(beam_size=3), dict(beam_size=3, block_trigrams=True),
+                                 dict(search="greedy", sample_method="sample", n=2)])
+def test_a_ctrl_c_ends_a_commands_decode_at_once_in_one_line(default_sigint, how):
+    """Batches of 2 images; the Ctrl-C comes while the second batch decodes."""
+    config = options(max_len=20, **how)
+    torch.manual_seed(0)
+    first = Signalled(signal.SIGINT, at=10 ** 6)  # never: how many steps the first batch takes
+    predict(first, VOCAB, batches(2), torch.device("cpu"), decoding=config)
+    torch.manual_seed(0)
+    model = Signalled(signal.SIGINT, at=first.steps + 2)
+    with pytest.raises(CapstackError, match=r"^interrupted \(Ctrl-C\) while decoding, after 2 "
+                                            r"of 6 images: nothing written$"):
+        predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config, progress=6)
+    assert model.after == 0
+    # a decode that is no command's (a training's validation) is interrupted as it was
+    model = Signalled(signal.SIGINT, at=3)
+    with pytest.raises(KeyboardInterrupt):
+        predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config)
+    assert model.after == 0
+
+
+def test_sigterm_passes_through_a_commands_decode_at_once():
+    from cli import Terminated, stop_on_sigterm
+
+    before = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        model = Signalled(signal.SIGTERM, at=4)
+        with pytest.raises(Terminated, match="stopped by SIGTERM"):
+            predict(model, VOCAB, batches(6), torch.device("cpu"),
+                    decoding=options(beam_size=3), progress=6)
+        assert model.after == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_commands_decode_shows_a_progress_bar_over_the_images_on_a_terminal(monkeypatch):
+    import trainer.evaluation.predict as predicting
+
+    monkeypatch.setattr(predicting, "tqdm", partial(predicting.tqdm, mininterval=0))
+    model, config = Random(0, images=6), options(beam_size=3)
+    for stderr, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr("sys.stderr", stderr)
+        preds = predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config,
+                        progress=6)
+        assert [p.image_id for p in preds] == list(range(6))
+        bar = stderr.getvalue()
+        assert all(f"decode: {percent:>3}%" in bar and f"| {n}/6 [" in bar
+                   for n, percent in ((0, 0), (2, 33), (4, 67), (6, 100))) == shown
+        assert (bar == "") == (not shown)
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config)  # no command's
+    assert terminal.getvalue() == ""
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from trainer.train import train
@@ -496,3 +680,43 @@ def test_evaluate_writes_every_caption_with_its_rank_and_scores_the_first(checkp
     with pytest.raises(CapstackError, match="capstack evaluate: eval.top_p: the nucleus"):
         evaluate_checkpoint(checkpoint, tmp_path / "no", decoding={"top_p": 0.9})
     assert asdict(DecodingConfig()).keys() <= one.keys()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, exit_code, message", [
+    (signal.SIGINT, 1, r"Error: interrupted \(Ctrl-C\) while decoding, after 0 of \d+ images: "
+                       r"nothing written"),
+    (signal.SIGTERM, 143, r"Error: stopped by SIGTERM: ")])
+def test_evaluate_stopped_while_decoding_ends_at_once_writing_nothing(
+        checkpoint, tmp_path, monkeypatch, default_sigint, signum, exit_code, message):
+    """The widest, longest decode the bounds allow, stopped at its third step."""
+    import trainer.evaluation.predict as predicting
+    from cli import main
+
+    steps = []
+
+    def signalling(model, ctx, config, vocab=None):
+        step = model.step
+
+        def counted(*args):
+            steps.append(len(steps))
+            if len(steps) == 3:
+                os.kill(os.getpid(), signum)
+            return step(*args)
+
+        monkeypatch.setattr(model, "step", counted)
+        return decode(model, ctx, config, vocab)
+
+    monkeypatch.setattr(predicting, "decode", signalling)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        out = CliRunner().invoke(main, ["evaluate", str(checkpoint), "--out", str(tmp_path / "e"),
+                                        "--beam", "100", "--max-len", str(MAX_CAPTION_WORDS),
+                                        "--block-trigrams", "--figures", "0"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert out.exit_code == exit_code, out.output
+    assert len(steps) == 3  # not one step more
+    assert len(out.output.strip().splitlines()) == 1
+    assert re.match(message, out.output.strip()), out.output
+    assert not (tmp_path / "e").exists()

@@ -91,9 +91,10 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
         # logp is normalised already: at temperature 1 its exp is the distribution
         factor = 1.0 if scale is None else scale(t)
         if factor == 1:
-            probs = logp.exp() if temperature == 1 else torch.softmax(logp / temperature, 1)
+            probs = logp.exp() if temperature == 1 else \
+                torch.softmax(tempered(logp, temperature), 1)
         else:
-            probs = torch.softmax(logp * factor / temperature, 1)
+            probs = torch.softmax(tempered(logp * factor, temperature), 1)
         if noise is None:
             return torch.multinomial(probs, 1).squeeze(1)
         u = torch.as_tensor(noise(t, probs.shape[0]), dtype=torch.float32, device=probs.device)
@@ -102,6 +103,26 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
         return picked.clamp(max=probs.shape[1] - 1)
 
     return _step_by_step(decoder, ctx, rows, max_len, pick)
+
+
+def tempered(x: Tensor, temperature: float) -> Tensor:
+    """``x / temperature`` for rows [N, V] of logits or log-probabilities, each row still a
+    distribution to softmax however small the temperature.
+
+    A row none of whose values float32 can hold once divided (all -inf, an +inf, or 0 / 0 where
+    the temperature itself rounds to 0: below about 1e-38 on most rows) would softmax to NaN:
+    it is its limit as the temperature falls to 0 instead, 0 at its largest values and -inf
+    elsewhere (the most probable word, ties shared). The other rows are ``x / temperature``
+    itself, as at any ordinary temperature."""
+    if temperature == 1:
+        return x
+    scaled = x / temperature
+    lost = ~torch.isfinite(scaled.amax(1))
+    if lost.any():
+        rows = x[lost]
+        best = rows == rows.amax(1, keepdim=True)
+        scaled[lost] = torch.zeros_like(rows).masked_fill(~best, float("-inf"))
+    return scaled
 
 
 def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) -> Decoded:

@@ -16,7 +16,8 @@ The experiment file's ``eval:`` block holds these fields (``EvalConfig`` extends
   log_softmax(logits / temperature).
 - ``length_penalty``: how beam search ranks hypotheses of different lengths L (tokens, ``<eos>``
   included) with log-probability S: ``none`` S, ``wu_A`` S / ((5 + L)^A / 6^A) (GNMT),
-  ``avg_A`` S / L (A is not used, as the peer has it).
+  ``avg_A`` S / L (A is not used, as the peer has it). A is 0 or more; wu's at most
+  :data:`MAX_WU_ALPHA`.
 - ``block_trigrams``: no trigram twice in a caption; ``remove_bad_endings``: no caption ends
   with a word of ``bad_endings``; ``no_repeats``: no word twice in a row.
 - ``n``: captions per image, the beam's n best (n <= K) or n samples, in rank order.
@@ -40,13 +41,18 @@ from pipeline.core.errors import CapstackError, shown
 from pipeline.core.tokens import BOS_ID, EOS_ID, PAD_ID
 from trainer.bounds import MAX_CAPTION_WORDS, MAX_SAMPLES, bounded
 from trainer.decode import (Decoded, _ending_at, _finished_row, _log_softmax_in_place,
-                            _step_by_step, beam_search, greedy, sample)
+                            _step_by_step, beam_search, greedy, sample, tempered)
 from trainer.decoders.base import Context, Decoder, images_of, select, stack_steps
 
 # self-critical.pytorch's list (captioning/models/AttModel.py ``bad_endings``)
 BAD_ENDINGS = ("a", "an", "the", "in", "for", "at", "of", "with", "before", "after", "on",
                "upon", "near", "to", "is", "are", "am")
 MAX_TOP_K = 1_000_000
+# wu_ALPHA's largest ALPHA. GNMT tunes it within 0 to 1; at 10 a caption of 11 tokens already
+# has its score divided by (16/15)^10 = 1.9 times more than one of 10. (5 + L)^ALPHA stays
+# within float32 at the longest captions (MAX_CAPTION_WORDS + 1 tokens) up to ALPHA 12.8; past
+# that it overflows, and every score is 0 or NaN (NaN ranks first: empty or cut captions)
+MAX_WU_ALPHA = 10.0
 
 
 @dataclass
@@ -164,6 +170,10 @@ def parse_length_penalty(text: str) -> tuple[str, float]:
             value = float(alpha)
         except ValueError:
             value = math.nan
+        if kind == "wu" and value > MAX_WU_ALPHA:
+            raise ValueError(f"wu_ALPHA takes ALPHA from 0 to {MAX_WU_ALPHA:g} (GNMT's is "
+                             f"within 0 to 1; above {MAX_WU_ALPHA:g}, (5 + L)^ALPHA leaves "
+                             f"float32), got {shown(text)}")
         if math.isfinite(value) and value >= 0:
             return kind, value
     raise ValueError(f"expected none, wu_ALPHA or avg_ALPHA (ALPHA a number, 0 or more), "
@@ -278,9 +288,11 @@ def decode(decoder: Decoder, ctx: Context, config: DecodingConfig, vocab=None) -
 def filtered(logp: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
     """The log-weights a sample draws from: log p / temperature, the ``top_k`` best words
     (0: all), then the nucleus: the fewest most probable words whose probability (the
-    tempered distribution's, renormalised) reaches ``top_p``; the others -inf."""
-    if temperature != 1:
-        logp = logp / temperature
+    tempered distribution's, renormalised) reaches ``top_p``, the most probable word always
+    (a ``top_p`` below float32's smallest number reads as 0, which every word reaches); the
+    others -inf. A temperature too small for float32 is its limit: the most probable word
+    (:func:`~trainer.decode.tempered`)."""
+    logp = tempered(logp, temperature)
     if top_k and top_k < logp.shape[1]:
         kth = logp.topk(top_k, dim=1).values[:, -1:]
         logp = logp.masked_fill(logp < kth, float("-inf"))
@@ -289,6 +301,7 @@ def filtered(logp: Tensor, temperature: float, top_k: int, top_p: float) -> Tens
         sorted_probs, order = probs.sort(1, descending=True)
         before = sorted_probs.cumsum(1) - sorted_probs  # probability of the better words
         drop_sorted = before >= top_p  # the nucleus reached without this word
+        drop_sorted[:, 0] = False  # the most probable word: the nucleus is never empty
         drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
         logp = logp.masked_fill(drop, float("-inf"))
     return logp
@@ -348,7 +361,7 @@ def _beam(decoder: Decoder, ctx: Context, config: DecodingConfig, rules: _Rules)
         logits, state, att = decoder.step(words, state, ctx)
         full = _log_softmax_in_place(logits.float())  # the model's: recorded
         logp = full if config.temperature == 1 else \
-            torch.log_softmax(logits.float() / config.temperature, 1)
+            torch.log_softmax(tempered(logits.float(), config.temperature), 1)
         logp = _ending_at(t, config.max_len, logp)
         logp = rules.apply(logp if logp is not full else logp.clone(), tokens, t, full)
         logp[done] = _finished_row(logp.shape[1], device)

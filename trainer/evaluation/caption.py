@@ -72,7 +72,8 @@ def caption_files(checkpoint: str | Path | Sequence[str | Path], paths: Sequence
     """Each image file's caption (beam search), :data:`CAPTION_BATCH` images at a time (their
     pixels, features and beams are what memory holds, however many images are given; all at
     once, 200 images took 6.85 GB), and with ``attention`` its picture of where the decoder
-    looked per word (:func:`attention_files` names them).
+    looked per word (:func:`attention_files` names them), drawn once every image is decoded,
+    with a progress bar over the images (trainer/evaluation/predict.py).
 
     The decoding is the experiment's ``eval:`` options with ``beam_size`` and ``max_len``, then
     ``decoding`` laid over them (a mapping: the options it names; a :class:`DecodingConfig`:
@@ -98,23 +99,27 @@ def caption_files(checkpoint: str | Path | Sequence[str | Path], paths: Sequence
     schemas = [Schema.from_meta(meta, where) for where, meta in stores]
     extractors = [extractor_for(meta, where) for where, meta in stores]
     grid = schemas[0].grid if len(schemas) == 1 else None
+
+    def batches():
+        for start in range(0, len(paths), CAPTION_BATCH):
+            chunk = list(paths[start:start + CAPTION_BATCH])
+            read = [batch_from_records(extract(chunk), schema.dtype, config.data.max_regions)
+                    for extract, schema in zip(extractors, schemas)]
+            feats, mask, boxes = combine(read, config.data.box_geometry)
+            yield EvalBatch(list(range(start, start + len(chunk))), feats, mask, boxes)
+
+    # every image decoded before a picture is drawn: a Ctrl-C while decoding leaves none
+    preds = predict(model, vocab, batches(), device, decoding=options, progress=len(paths))
     out = []
-    for start in range(0, len(paths), CAPTION_BATCH):
-        chunk = list(paths[start:start + CAPTION_BATCH])
-        batches = [batch_from_records(extract(chunk), schema.dtype, config.data.max_regions)
-                   for extract, schema in zip(extractors, schemas)]
-        feats, mask, boxes = combine(batches, config.data.box_geometry)
-        batch = EvalBatch(list(range(start, start + len(chunk))), feats, mask, boxes)
-        preds = predict(model, vocab, [batch], device, decoding=options)
-        for p in preds:
-            k = p.image_id  # the image's place among ``paths``
-            path = paths[k]
-            figure = None
-            if figures is not None and p.rank == 1 and p.alphas is not None and \
-                    (grid or p.boxes is not None):
-                figure = figures[k]
-                attention_figure(path, p.words, p.alphas, figure, grid=grid,
-                                 boxes=None if grid else p.boxes, title=" ".join(p.words))
-            out.append(Caption(Path(path), p.words, p.logprob, figure,
-                               None if p.boxes is None else len(p.boxes), p.rank))
+    for p in preds:
+        k = p.image_id  # the image's place among ``paths``
+        path = paths[k]
+        figure = None
+        if figures is not None and p.rank == 1 and p.alphas is not None and \
+                (grid or p.boxes is not None):
+            figure = figures[k]
+            attention_figure(path, p.words, p.alphas, figure, grid=grid,
+                             boxes=None if grid else p.boxes, title=" ".join(p.words))
+        out.append(Caption(Path(path), p.words, p.logprob, figure,
+                           None if p.boxes is None else len(p.boxes), p.rank))
     return out

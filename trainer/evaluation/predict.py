@@ -1,16 +1,24 @@
 """Captions for a list of images from cached features: greedy or beam search, batched, or as a
-:class:`~trainer.decoding_options.DecodingConfig` says (n captions per image among them)."""
+:class:`~trainer.decoding_options.DecodingConfig` says (n captions per image among them).
+
+A command's decode (``capstack evaluate``, ``capstack caption``) can run for minutes (a wide beam,
+long captions): it shows a progress bar over the images, and a Ctrl-C ends it at once, with one
+line saying how far it got; the commands write nothing before the decode has ended.
+"""
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from pipeline.captions.vocab import Vocabulary
+from pipeline.core.errors import CapstackError
 from trainer.batch import EvalBatch
 from trainer.decode import beam_search, greedy
 from trainer.decoders.base import Decoder
@@ -30,13 +38,23 @@ class Prediction:
 @torch.no_grad()
 def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], device: torch.device,
             *, beam_size: int = 1, max_len: int = 16, autocast=nullcontext,
-            decoding: DecodingConfig | None = None) -> list[Prediction]:
+            decoding: DecodingConfig | None = None, progress: int | None = None
+            ) -> list[Prediction]:
     """Beam search (``beam_size`` > 1) or greedy decoding of every image of ``batches``; with
     ``decoding``, as it says (its beam size and length, not the arguments'): its ``n``
-    captions of each image adjacent, ranked."""
+    captions of each image adjacent, ranked.
+
+    ``progress``, the number of images ``batches`` hold, makes it a command's decode: a progress
+    bar over them (:func:`decoding_bar`), and a Ctrl-C said in one line (a
+    :class:`CapstackError` naming how many images were decoded) rather than click's bare
+    "Aborted!"; nothing is returned, so the command writes nothing. SIGTERM's error passes
+    through as it is. Without it a Ctrl-C stays the ``KeyboardInterrupt`` it is (a training's
+    validation records the training stopped)."""
     was_training = model.training
     model.eval()
-    out = []
+    out: list[Prediction] = []
+    decoded_images = 0
+    bar = decoding_bar(progress)
     try:
         for batch in batches:
             batch = batch.to(device)
@@ -48,9 +66,25 @@ def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], dev
                     decoded = (beam_search(model, ctx, beam_size, max_len) if beam_size > 1
                                else greedy(model, ctx, max_len))
             out += _predictions(vocab, batch, decoded)
+            decoded_images += len(batch.image_ids)
+            bar.update(len(batch.image_ids))
+    except KeyboardInterrupt:
+        if progress is None:
+            raise
+        raise CapstackError(f"interrupted (Ctrl-C) while decoding, after {decoded_images} of "
+                            f"{progress} images: nothing written") from None
     finally:
+        bar.close()
         model.train(was_training)
     return out
+
+
+def decoding_bar(images: int | None) -> tqdm:
+    """A progress bar over ``images`` images on stderr (none for None), shown only where stderr
+    is a terminal (in a stage's log or a program's captured output its redraws would be noise
+    among the lines read), and gone once the decode ends."""
+    return tqdm(total=images, desc="decode", unit="img", file=sys.stderr, leave=False,
+                disable=True if images is None else None)
 
 
 def _predictions(vocab: Vocabulary, batch: EvalBatch, decoded) -> list[Prediction]:
