@@ -695,9 +695,10 @@ def train_cmd(experiment, out_dir, overrides, restart_on_change, tensorboard, np
     if r.stopped_early:
         resumed += (f", stopped early ({config.train.early_stop_patience} epochs without a "
                     f"better one)")
+    kept = r.best_cider if r.best_score is None else r.best_score
+    at = f" (greedy) at epoch {r.best_epoch + 1}" if math.isfinite(kept) else ""
     click.echo(f"train {config.name}: {r.epochs} epochs, {r.steps} steps{resumed}; best val "
-               f"{_kept(r.select_on, r.best_score, r.best_cider)} (greedy) at epoch "
-               f"{r.best_epoch + 1} -> {out_dir}/best.pt")
+               f"{_kept(r.select_on, r.best_score, r.best_cider)}{at} -> {out_dir}/best.pt")
 
 
 def _percent(score: float) -> str:
@@ -707,7 +708,11 @@ def _percent(score: float) -> str:
 
 
 def _kept(select_on: str, best_score: float, best_cider: float) -> str:
-    """``CIDEr 51.2``, or ``BLEU-4 30.1 (CIDEr 51.2)`` when kept on another score."""
+    """``CIDEr 51.2``, or ``BLEU-4 30.1 (CIDEr 51.2)`` when kept on another score; n/a when no
+    validation scored a finite number (every epoch NaN: best.pt holds the last)."""
+    if not math.isfinite(best_cider if best_score is None else best_score):
+        return f"{_label(select_on)} n/a (no validation scored a finite number; best.pt holds " \
+               f"the last epoch)"
     if select_on == "cider":
         return f"CIDEr {_percent(best_cider)}"
     return f"{_label(select_on)} {_percent(best_score)} (CIDEr {_percent(best_cider)})"
@@ -728,8 +733,12 @@ def _echo_epoch(e) -> None:
     label = _label(e.select_on)
     best = f"best {_percent(e.best_cider)}" if e.select_on == "cider" else \
         f"{label} {_percent(e.val_score)}  best {label} {_percent(e.best_score)}"
+    best = f"{best} ({best_at})"
+    if not math.isfinite(e.best_cider if e.select_on == "cider" else e.best_score):
+        best = "best n/a (no validation scored a finite number yet)" if e.select_on == "cider" \
+            else f"{label} {_percent(e.val_score)}  best n/a (none finite yet)"
     click.echo(f"epoch {e.epoch}/{e.epochs}  loss {loss}  val CIDEr {_percent(e.val_cider)}  "
-               f"{best} ({best_at})  {e.seconds:.1f} s")
+               f"{best}  {e.seconds:.1f} s")
 
 
 @main.command("runs")
@@ -863,8 +872,8 @@ def decoding_options(command):
 @click.option("--device", default="auto", show_default=True)
 @click.option("--ensemble", is_flag=True,
               help="Decode with the runs TARGET... as one: each word's probability the mean of "
-                   "theirs (one vocabulary, the same features) [evals/ensemble-A+B beside the "
-                   "first run's].")
+                   "theirs (one vocabulary, the same features) [evals/ensemble-A+B-DIGEST "
+                   "beside the first run's].")
 @decoding_options
 def evaluate_cmd(targets, refs, out_dir, split, beam_size, max_len, figures, max_refs, device,
                  ensemble, decoding):
@@ -921,11 +930,12 @@ def several_need_ensemble(given: Sequence[Path], ensemble: bool, name: str) -> P
 
 
 def ensemble_folder(targets: Sequence[Path], evaluation_folder) -> Path:
-    """An ensemble's evaluation folder: ``ensemble-A+B`` beside the first run's (A, B the runs'
-    evaluation folder names), so it never takes the place of a run's own evaluation."""
-    first = evaluation_folder(targets[0])
-    names = "+".join(evaluation_folder(t).name for t in targets)
-    return first.with_name(f"ensemble-{names}")
+    """An ensemble's evaluation folder: ``ensemble-A+B-<digest of the members>`` beside the
+    first run's (A, B the runs' evaluation folder names), so it never takes the place of a
+    run's own evaluation, nor of another ensemble's."""
+    from trainer.evaluation.ensembles import default_folder
+
+    return default_folder(targets, evaluation_folder)
 
 
 def _echo_scores(scores: dict) -> None:
@@ -1018,12 +1028,14 @@ def cider_cache_cmd(prepared, split, out):
                    "interval of the paired bootstrap over the images.")
 @click.option("--baseline", default=None, type=click.Path(path_type=Path), metavar="EVAL",
               help="A column of every row's CIDEr minus that of the row holding evaluation "
-                   "EVAL, with the 95% interval of the paired bootstrap over the images.")
+                   "EVAL, with the 95% interval of the paired bootstrap over the images; "
+                   "a row over seeds against a row over the same seeds only, else n/a "
+                   "and why below the table.")
 def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe, baseline):
     """One table of every evaluated experiment (metrics.json files or their folders, or
-    patterns of them: 'exps/seed*/evals/top_down'), in %; rows differing only in their seed
-    are one, over the seeds; with --compare A B, whether A's difference from B is real on these
-    images."""
+    patterns of them: 'exps/seed*/evals/top_down'), in %; rows of one recipe differing only
+    in their seed are one, over the seeds; with --compare A B, whether A's difference from B
+    is real on these images."""
     if not metrics and not compare:
         raise click.UsageError("name the evaluations to report (METRICS...), or --compare A B")
     if metrics:

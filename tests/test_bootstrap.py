@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -153,6 +154,29 @@ def test_report_compare_refuses_other_images_and_a_folder_without_statistics(tmp
         done.output
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_statistics_that_are_a_fifo_or_a_folder_are_named_not_called_missing(tmp_path, kind):
+    """report --compare said 'image_statistics.json: not found' of a FIFO (and the read,
+    once let through, would have waited for a writer)."""
+    from trainer.evaluation.evaluations import read_evaluation
+
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps({"approach": "a", "metrics": {"CIDEr": 1}}))
+    statistics = folder / "image_statistics.json"
+    if kind == "fifo":
+        os.mkfifo(statistics)
+    else:
+        statistics.mkdir()
+    with pytest.raises(CapstackError, match=rf"^{statistics}: not a regular file \(a "
+                                            rf"{'FIFO' if kind == 'fifo' else 'folder'}\), "
+                                            r"never read \(expected the image statistics\)$"):
+        read_evaluation(folder)
+    (os.remove if kind == "fifo" else os.rmdir)(statistics)
+    with pytest.raises(CapstackError, match=r"image_statistics.json: not found: evaluate again"):
+        read_evaluation(folder)
+
+
 @pytest.mark.slow  # evaluations scored with Java (PTB, METEOR)
 def test_report_versus_xe_marks_whether_each_rl_row_beats_its_xe_row(tmp_path):
     rows = {}
@@ -221,3 +245,154 @@ def test_report_compare_over_seeds_resamples_every_seeds_images_seed_with_seed(t
                                             str(tmp_path / "poor-s0"), "--out",
                                             str(tmp_path / "r")])
     assert refused.exit_code == 1 and "compare runs over the same seeds" in refused.output
+
+
+def written_evaluation(root, name: str, cider: list[float], *, approach="sys", seed=0,
+                       training="XE", family="cross-entropy", split="test", recipe="xe",
+                       image_ids=None):
+    """An evaluation folder as evaluate writes it, of CIDEr-D alone: each image's score (its
+    statistics) and their mean (metrics.json), for the report's comparisons without Java."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    ids = image_ids or list(range(1, len(cider) + 1))
+    (folder / "metrics.json").write_text(json.dumps({
+        "approach": approach, "training": training, "family": family,
+        "metrics": {"CIDEr": sum(cider) / len(cider)},
+        "setting": {"decoder": "top_down", "features": "regions", "seed": seed, "split": split,
+                    "run": f"runs/{name}", "recipe": recipe}}))
+    (folder / "image_statistics.json").write_text(json.dumps({
+        "image_ids": ids, "metrics": {"cider": [[c] for c in cider]}}))
+    return folder
+
+
+def report(*args) -> tuple:
+    """`capstack report ARGS --out OUT`: (exit code, output, report.json or None)."""
+    out = args[-1]
+    done = CliRunner().invoke(cli.main, ["report", *map(str, args[:-1]), "--out", str(out)])
+    written = out / "report.json"
+    return done.exit_code, done.output, json.loads(written.read_text()) \
+        if written.is_file() else None
+
+
+XE_SEEDS = {0: [0.5, 0.6, 0.4, 0.5], 1: [0.4, 0.5, 0.5, 0.6], 2: [0.6, 0.4, 0.5, 0.5]}
+RL_SEEDS = {0: [0.9, 0.8, 0.7, 0.8], 1: [0.5, 0.5, 0.6, 0.6], 2: [0.6, 0.7, 0.6, 0.5]}
+
+
+def test_a_row_over_seeds_compares_with_a_row_over_the_same_seeds_only(tmp_path):
+    for seed in (0, 1, 2):
+        written_evaluation(tmp_path, f"rl-s{seed}", RL_SEEDS[seed], seed=seed, training="SCST",
+                           family="reinforcement", recipe="rl")
+        written_evaluation(tmp_path, f"xe-s{seed}", XE_SEEDS[seed], seed=seed)
+    # against XE over the same seeds: the difference of the rows' means, seed with seed
+    code, output, table = report(tmp_path / "xe-s*", tmp_path / "rl-s*", "--versus-xe",
+                                 tmp_path / "r1")
+    assert code == 0, output
+    xe, rl = table["rows"]
+    assert (xe["n"], rl["n"]) == (3, 3)
+    shown = float(rl["CIDEr vs XE (95%)"].split(" ")[0])
+    means = [float(row["CIDEr"].split(" ± ")[0]) for row in (rl, xe)]
+    assert shown == pytest.approx(means[0] - means[1], abs=0.11)
+    assert any("seed with seed" in note for note in table["notes"])
+    # against one seed's XE row: n/a, and why, not seed 0 beside the mean of three
+    code, output, table = report(tmp_path / "xe-s0", tmp_path / "rl-s*", "--baseline",
+                                 tmp_path / "xe-s0", tmp_path / "r2")
+    assert code == 0, output
+    column = "CIDEr vs sys XE, seed 0 (95%)"  # the header names the baseline row
+    assert [row[column] for row in table["rows"]] == ["-", "n/a"]
+    assert table["notes"] == [f"{column}: n/a for sys SCST, seed 0,1,2: seeds 0, 1, 2 against "
+                              f"0: a row over seeds compares with a row over the same seeds "
+                              f"only (its mean is over all of them)"]
+    assert table["notes"][0] in output
+
+
+def test_a_baseline_of_another_split_is_n_a_in_that_cell_only(tmp_path):
+    written_evaluation(tmp_path, "test", XE_SEEDS[0])
+    written_evaluation(tmp_path, "rl", RL_SEEDS[0], training="SCST", family="reinforcement",
+                       recipe="rl")
+    written_evaluation(tmp_path, "val", XE_SEEDS[1], approach="other", split="val",
+                       image_ids=[11, 12, 13, 14])
+    written_evaluation(tmp_path, "fewer", XE_SEEDS[2][:3], approach="fewer")
+    code, output, table = report(tmp_path / "test", tmp_path / "rl", tmp_path / "val",
+                                 tmp_path / "fewer", "--baseline", tmp_path / "test",
+                                 tmp_path / "r")
+    assert code == 0, output
+    cells = {row["Approach"] + row["Training"]: row["CIDEr vs sys XE, split test (95%)"]
+             for row in table["rows"]}
+    assert cells["sysXE"] == "-" and cells["otherXE"] == "n/a" and cells["fewerXE"] == "n/a"
+    assert cells["sysSCST"].startswith("+")
+    assert any("n/a for other XE, split val: split val against test" in n
+               for n in table["notes"])
+    assert any("n/a for fewer XE, split test: " in n and "not the same images" in n
+               for n in table["notes"])
+
+
+@pytest.mark.parametrize("rows, problem", [
+    ([[0.5], [0.6, 0.1], [0.4], [0.5]], "rows of different lengths or not numbers"),
+    ([[0.5, 0.1]] * 4, "got rows of 2"),
+    ([["x"]] * 4, "rows of different lengths or not numbers"),
+    ([[0.5]] * 3, "got shape [3, 1]"),
+])
+def test_compare_refuses_image_statistics_of_the_wrong_shape(tmp_path, rows, problem):
+    good = written_evaluation(tmp_path, "good", RL_SEEDS[0])
+    bad = written_evaluation(tmp_path, "bad", XE_SEEDS[0])
+    (bad / "image_statistics.json").write_text(json.dumps(
+        {"image_ids": [1, 2, 3, 4], "metrics": {"cider": rows}}))
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(bad), "--out",
+                                         str(tmp_path / "r")])
+    assert done.exit_code == 1 and done.exception.__class__ is SystemExit, done.output
+    assert f"{bad / 'image_statistics.json'}: metrics.cider: expected one row of 1 numbers " \
+           f"per image (4 images)" in done.output and problem in done.output
+
+
+def test_compare_refuses_bleu_rows_too_narrow_and_an_image_listed_twice(tmp_path):
+    good = written_evaluation(tmp_path, "good", RL_SEEDS[0])
+    bad = written_evaluation(tmp_path, "bad", XE_SEEDS[0])
+    statistics = bad / "image_statistics.json"
+    statistics.write_text(json.dumps({"image_ids": [1, 2, 3, 4], "metrics": {
+        "cider": [[0.5]] * 4, "bleu": [[5, 5, 4, 3, 2, 1, 3, 2, 1]] * 4}}))  # no correct_4
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(bad), "--out",
+                                         str(tmp_path / "r")])
+    assert done.exit_code == 1
+    assert f"{statistics}: metrics.bleu: expected one row of 10 numbers per image (4 images), " \
+           f"got rows of 9" in done.output
+    statistics.write_text(json.dumps({"image_ids": [1, 2, 2, 4], "metrics": {
+        "cider": [[0.5]] * 4}}))
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(bad), "--out",
+                                         str(tmp_path / "r")])
+    assert done.exit_code == 1 and f"{statistics}: image_ids: an image is listed twice" in \
+        done.output
+
+
+def test_compare_refuses_a_side_of_several_recipes(tmp_path):
+    for seed in (0, 1):
+        written_evaluation(tmp_path, f"a-s{seed}", RL_SEEDS[seed], seed=seed,
+                           recipe=f"lr{seed}")
+        written_evaluation(tmp_path, f"b-s{seed}", XE_SEEDS[seed], seed=seed)
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(tmp_path / "a-s*"),
+                                         str(tmp_path / "b-s*"), "--out", str(tmp_path / "r")])
+    assert done.exit_code == 1 and "are of 2 recipes (setting.recipe), not one experiment " \
+                                   "over seeds" in done.output
+
+
+def test_versus_xe_takes_the_xe_row_decoded_alike_and_names_an_ambiguous_one(tmp_path):
+    rl = {"training": "SCST", "family": "reinforcement"}
+    for name, beam, scores, trained in (("xe-b5", 5, [0.1] * 4, {}),
+                                        ("xe-b1", 1, XE_SEEDS[1], {}),
+                                        ("rl-b1", 1, RL_SEEDS[0], rl)):
+        folder = written_evaluation(tmp_path, name, scores, **trained)
+        doc = json.loads((folder / "metrics.json").read_text())
+        doc["setting"]["beam"] = beam
+        (folder / "metrics.json").write_text(json.dumps(doc))
+    code, output, table = report(tmp_path / "xe-b5", tmp_path / "xe-b1", tmp_path / "rl-b1",
+                                 "--versus-xe", tmp_path / "r")
+    assert code == 0, output
+    # against xe-b1 (0.8 - 0.5), not xe-b5 (0.8 - 0.1)
+    assert table["rows"][2]["CIDEr vs XE (95%)"].startswith("+30.0 [")
+    assert table["notes"] == []
+    (tmp_path / "xe-b5" / "metrics.json").write_text(
+        (tmp_path / "xe-b5" / "metrics.json").read_text().replace('"beam": 5', '"beam": 1'))
+    code, output, table = report(tmp_path / "xe-b5", tmp_path / "xe-b1", tmp_path / "rl-b1",
+                                 "--versus-xe", tmp_path / "r")
+    assert code == 0, output
+    assert table["rows"][2]["CIDEr vs XE (95%)"] == "n/a"
+    assert any("2 XE rows of this approach" in note for note in table["notes"])

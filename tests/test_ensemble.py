@@ -276,6 +276,7 @@ def test_several_runs_without_ensemble_are_refused(runs, tmp_path):
 @pytest.mark.slow
 def test_evaluating_an_ensemble_writes_its_own_row(runs, tmp_path):
     from trainer.evaluation.evaluate import evaluate_checkpoint
+    from trainer.evaluation.evaluations import recipe_digest
     from trainer.evaluation.report import write_report
 
     alone = evaluate_checkpoint(runs["top_down"], tmp_path / "alone", figures=0, spice=False)
@@ -290,6 +291,9 @@ def test_evaluating_an_ensemble_writes_its_own_row(runs, tmp_path):
     assert two["setting"]["run"] == f"{runs['top_down']}+{runs['transformer']}"
     assert two["setting"]["decoder"] == "top_down+transformer"
     assert two["setting"]["ensemble"] == 2 and len(two["checkpoint"]) == 2
+    # its recipe: each run's, so that two ensembles merge over seeds only of the same runs
+    assert two["recipe"][0] == alone["recipe"] and len(two["recipe"]) == 2
+    assert two["setting"]["recipe"] == "+".join(recipe_digest(r) for r in two["recipe"])
     assert not (tmp_path / "two" / "attention").exists()
     _, md = write_report([tmp_path / d / "metrics.json" for d in ("alone", "two")],
                          tmp_path / "report")

@@ -10,6 +10,7 @@ import pytest
 from trainer.config import load_experiment
 from trainer.evaluation import report as R
 from trainer.evaluation.evaluate import evaluate_checkpoint
+from trainer.evaluation.evaluations import recipe_digest
 from trainer.train import train
 from trainer_fixtures import prepared_with_grid, write_experiment
 
@@ -20,7 +21,7 @@ SCORES = {"BLEU-1": 0.5, "BLEU-2": 0.4, "BLEU-3": 0.3, "BLEU-4": 0.2, "METEOR": 
 def setting(**changed) -> dict:
     return {"run": "runs/a", "decoder": "top_down", "objective": "xe", "reward": "",
             "features": "regions", "seed": 0, "beam": 5, "max_len": 16, "split": "test",
-            "max_refs": 0, **changed}
+            "max_refs": 0, "recipe": "r1", **changed}
 
 
 def test_only_the_settings_that_vary_are_columns_in_their_order():
@@ -70,7 +71,10 @@ def test_one_checkpoint_at_two_beams_gives_two_rows_told_apart(checkpoint, tmp_p
                               "decoder": "show_tell",
                               "objective": "xe", "reward": "", "features": "grid", "seed": 0,
                               "beam": 5, "max_len": 16, "split": "test", "max_refs": 0,
-                              "decoding": ""}
+                              "decoding": "", "recipe": recipe_digest(doc["recipe"])}
+    # the recipe: the experiment but its seed, name and eval: (the setting's own)
+    assert set(doc["recipe"]) == {"decoder", "data", "objective", "train"}
+    assert "seed" not in doc["recipe"]["train"] and doc["recipe"]["train"]["lr"] == 5e-3
     R.write_report([tmp_path / "beam5" / "metrics.json", tmp_path / "beam1" / "metrics.json"],
                    tmp_path / "report")
     csv = pd.read_csv(tmp_path / "report" / "metrics.csv")
@@ -120,3 +124,63 @@ def test_seeds_run_as_experiments_are_their_groups_rows_over_seeds():
     table = R.metrics_table(rows)
     assert list(table["experiment"]) == ["baseline", "wide"]
     assert list(table["n"]) == [2, 1]
+
+
+@pytest.fixture(scope="module")
+def two_recipes(checkpoint):
+    """Beside ``checkpoint``'s run (seed 0): one of its experiment file at seed 1 with another
+    width and lr, and one at seed 2 as it is; each evaluated by hand."""
+    experiment = checkpoint / "exp.yaml"
+    for run, changes in (("wide", ["train.seed=1", "decoder.hidden=48", "train.lr=0.002"]),
+                         ("seed2", ["train.seed=2"])):
+        train(load_experiment(experiment, changes), checkpoint / run, progress=False)
+    for run in ("run", "wide", "seed2"):
+        evaluate_checkpoint(checkpoint / run, checkpoint / "evals" / run, figures=0,
+                            spice=False)
+    return checkpoint / "evals"
+
+
+def test_runs_of_other_recipes_are_not_merged_over_seeds_and_say_what_differs(two_recipes,
+                                                                              tmp_path):
+    R.write_report([two_recipes / "run" / "metrics.json", two_recipes / "wide" / "metrics.json"],
+                   tmp_path)
+    csv = pd.read_csv(tmp_path / "metrics.csv")
+    assert len(csv) == 2 and "n" not in csv.columns  # two models: two rows, no mean over them
+    assert list(csv.columns)[:5] == ["Approach", "Training", "seed", "decoder.hidden",
+                                     "train.lr"]
+    assert list(csv["decoder.hidden"]) == [32, 48] and list(csv["train.lr"]) == [0.005, 0.002]
+    assert "±" not in (tmp_path / "metrics.md").read_text()
+
+
+def test_runs_of_one_recipe_over_seeds_are_one_row(two_recipes, tmp_path):
+    R.write_report([two_recipes / run / "metrics.json" for run in ("run", "wide", "seed2")],
+                   tmp_path)
+    table = json.loads((tmp_path / "report.json").read_text())
+    merged, wide = table["rows"]
+    assert (merged["seed"], merged["n"], merged["decoder.hidden"]) == ("0,2", 2, "32")
+    assert (wide["seed"], wide["n"], wide["decoder.hidden"]) == ("1", 1, "48")
+    assert "±" in merged["CIDEr"]
+
+
+def test_rows_that_record_no_recipe_stay_one_row_each_and_say_why():
+    old = {k: v for k, v in setting().items() if k != "recipe"}
+    rows = [("a", SCORES, "XE", "cross-entropy", {**old, "seed": s, "run": f"runs/a{s}"})
+            for s in (0, 1)]
+    table = R.metrics_table(rows)
+    assert list(table["seed"]) == ["0", "1"] and "n" not in table.columns
+    assert table.attrs["notes"] == [
+        "a (XE), seeds 0, 1: one row each, not merged over seeds: their evaluations record no "
+        "recipe (setting.recipe), so nothing says they were trained alike; evaluate them "
+        "again to merge them"]
+
+
+def test_rows_of_other_recipes_unrecorded_show_the_recipe_digest():
+    rows = [("a", SCORES, "XE", "cross-entropy", setting(seed=s, run=f"runs/a{s}", recipe=r))
+            for s, r in ((0, "0123456789ab"), (1, "ba9876543210"))]
+    table = R.metrics_table(rows)
+    assert list(table.columns)[:4] == ["Approach", "Training", "seed", "recipe"]
+    assert list(table["recipe"]) == ["01234567", "ba987654"]
+    named = R.metrics_table(rows, recipes={"0123456789ab": {"train": {"lr": 0.1}},
+                                           "ba9876543210": [{"train": {"lr": 0.1}},
+                                                            {"train": {"lr": 0.2}}]})
+    assert list(named["train.lr"]) == ["0.1", "0.1+0.2"]  # an ensemble's: its runs' values

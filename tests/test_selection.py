@@ -90,6 +90,19 @@ def test_a_nan_validation_is_never_kept_and_the_best_finite_one_is(data, tmp_pat
     assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 4
 
 
+def test_a_run_whose_every_validation_is_nan_says_it_has_no_best(data, tmp_path, scripted,
+                                                                 capstack):
+    scripted({"cider": float("nan")}, {"cider": float("nan")})
+    prepared, grid = data
+    path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                            features=[grid], epochs=2)
+    out = capstack("train", path, "--out", tmp_path / "run").output
+    assert "best val CIDEr n/a (no validation scored a finite number; best.pt holds the last " \
+        f"epoch) -> {tmp_path / 'run'}/best.pt" in out
+    assert "inf" not in out.replace("n/a", "")
+    assert load_checkpoint(tmp_path / "run" / "best.pt")["epoch"] == 2
+
+
 def test_the_choices_of_select_on_are_the_values_the_metrics_score_each_epoch(tmp_path):
     assert {"cider", "bleu4", "bleu1", "rouge_l"} <= set(selectable())
     assert not {"meteor", "spice"} & set(selectable())  # Java: not every epoch

@@ -22,14 +22,22 @@ from trainer.scoring.bootstrap import CONFIDENCE, RESAMPLES, Difference, paired_
 from trainer.scoring.metrics import METRICS, metrics
 
 
+def other_images(a: Evaluation, b: Evaluation) -> str:
+    """Why two evaluations are not of the same images, naming a few of those only one has;
+    "" when they are."""
+    if set(a.image_ids) == set(b.image_ids) and len(a.image_ids) == len(b.image_ids):
+        return ""
+    only_a = sorted(set(a.image_ids) - set(b.image_ids))[:3]
+    only_b = sorted(set(b.image_ids) - set(a.image_ids))[:3]
+    return (f"{a.folder} and {b.folder}: not the same images (only in the first: {only_a}, "
+            f"only in the second: {only_b})")
+
+
 def compare_images(a: Evaluation, b: Evaluation) -> None:
-    """Refuse two evaluations of other images, naming a few of those only one has."""
-    if set(a.image_ids) != set(b.image_ids) or len(a.image_ids) != len(b.image_ids):
-        only_a = sorted(set(a.image_ids) - set(b.image_ids))[:3]
-        only_b = sorted(set(b.image_ids) - set(a.image_ids))[:3]
-        raise CapstackError(f"{a.folder} and {b.folder}: not the same images (only in the "
-                            f"first: {only_a}, only in the second: {only_b}); compare "
-                            f"evaluations of one split")
+    """Refuse two evaluations of other images (:func:`other_images`)."""
+    why = other_images(a, b)
+    if why:
+        raise CapstackError(f"{why}; compare evaluations of one split")
 
 
 def compare(a: Evaluation, b: Evaluation, *, resamples: int = RESAMPLES, seed: int = 0,
@@ -39,13 +47,15 @@ def compare(a: Evaluation, b: Evaluation, *, resamples: int = RESAMPLES, seed: i
 
 
 def compare_over(pairs: Sequence[tuple[Evaluation, Evaluation]], *, resamples: int = RESAMPLES,
-                 seed: int = 0, confidence: float = CONFIDENCE) -> list[Difference]:
+                 seed: int = 0, confidence: float = CONFIDENCE,
+                 only: str | None = None) -> list[Difference]:
     """The paired bootstrap over several pairs of evaluations (one pair per seed): each pair's
-    images, all of them resampled together, for every value each pair has statistics of."""
+    images, all of them resampled together, for every value each pair has statistics of
+    (``only``: of that metric alone)."""
     for a, b in pairs:
         compare_images(a, b)
-    shared = [name for name, _ in metrics()
-              if all(name in a.statistics and name in b.statistics for a, b in pairs)]
+    shared = [name for name, _ in metrics() if only in (None, name)
+              and all(name in a.statistics and name in b.statistics for a, b in pairs)]
     if not shared:
         a, b = pairs[0]
         raise CapstackError(f"{a.folder} and {b.folder}: no metric with per-image statistics "
@@ -65,6 +75,13 @@ def paired(a: Sequence[Evaluation], b: Sequence[Evaluation]
     seeds, each seed once)."""
     if len(a) == 1 and len(b) == 1:
         return [(a[0], b[0])]
+    for side, evaluations in (("A", a), ("B", b)):
+        recipes = sorted({e.recipe for e in evaluations if e.recipe})
+        if len(recipes) > 1:
+            folders = ", ".join(str(e.folder) for e in evaluations)
+            raise CapstackError(f"{side}'s evaluations ({folders}) are of {len(recipes)} "
+                                f"recipes (setting.recipe), not one experiment over seeds: "
+                                f"compare one recipe's runs")
     by_a, by_b = {e.seed: e for e in a}, {e.seed: e for e in b}
     if len(by_a) != len(a) or len(by_b) != len(b) or set(by_a) != set(by_b):
         raise CapstackError(f"A's seeds ({', '.join(e.seed for e in a)}) and B's "
@@ -73,14 +90,16 @@ def paired(a: Sequence[Evaluation], b: Sequence[Evaluation]
     return [(by_a[s], by_b[s]) for s in sorted(by_a, key=lambda s: (len(s), s))]
 
 
-def difference_over(a_folders: list[str], b_folders: list[str], value: str, *,
-                    resamples: int = RESAMPLES, seed: int = 0) -> Difference:
-    """``value``'s paired bootstrap of evaluations A against B over several pairs of folders
-    (one pair per seed, in order): each pair's images, all of them resampled together."""
-    if len(a_folders) != len(b_folders):
-        raise CapstackError(f"{a_folders} and {b_folders}: not one B evaluation per A one")
-    pairs = [(read_evaluation(a), read_evaluation(b)) for a, b in zip(a_folders, b_folders)]
-    found = compare_over(pairs, resamples=resamples, seed=seed)
+def difference_over(pairs: Sequence[tuple[Evaluation, Evaluation]], value: str, *,
+                    resamples: int = RESAMPLES, seed: int = 0) -> Difference | None:
+    """``value``'s paired bootstrap of evaluations A against B over several pairs (one pair
+    per seed): each pair's images, all of them resampled together; None when an evaluation
+    has no per-image statistics of it."""
+    name = next((n for n, metric in metrics() if value in metric.values), None)
+    if name is None or not all(name in a.statistics and name in b.statistics
+                               for a, b in pairs):
+        return None
+    found = compare_over(pairs, resamples=resamples, seed=seed, only=name)
     return next(d for d in found if d.value == value)
 
 

@@ -17,7 +17,7 @@ from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.errors import CapstackError
 from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import read_json
-from pipeline.core.regular import read_bytes
+from pipeline.core.regular import read_bytes, require_regular
 from trainer.checkpoint import check_identity, load_checkpoint
 from trainer.config import ExperimentConfig, experiment_from_dict
 
@@ -37,8 +37,14 @@ def starting_checkpoint(config: ExperimentConfig) -> dict | None:
     if not path:
         return None
     file = Path(path) / "best.pt" if Path(path).is_dir() else Path(path)
-    if not file.is_file():
-        raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it first)")
+    try:  # a FIFO is named as one, never hashed (its read would wait for a writer)
+        require_regular(file, "a checkpoint")
+    except FileNotFoundError:
+        raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it "
+                            f"first)") from None
+    except OSError as error:
+        raise CapstackError(f"train.init_from: {path}: cannot read it ({error.strerror})") \
+            from None
     return {"path": str(path), "md5": md5_of_file(file)}
 
 

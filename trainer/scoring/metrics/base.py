@@ -64,3 +64,9 @@ class Metric:
         [..., values]). By default a mean: a metric whose value is the mean of its images'
         scores (CIDEr-D, ROUGE-L)."""
         return totals / images
+
+    @property
+    def width(self) -> int:
+        """k, the numbers of each image's statistics (:meth:`scored`): one per value for a
+        mean (:meth:`aggregate`'s default)."""
+        return len(self.values)

@@ -39,6 +39,11 @@ class Bleu(Metric):
                  *c["guess"], *c["correct"]] for c in scorer.ctest]
         return list(values), np.asarray(rows, dtype=np.float64).reshape(-1, 2 + 2 * ORDERS)
 
+    @property
+    def width(self) -> int:
+        """testlen, reflen, guess_1..4, correct_1..4."""
+        return 2 + 2 * ORDERS
+
     def aggregate(self, totals: np.ndarray, images: int) -> np.ndarray:
         """pycocoevalcap's corpus BLEU-1..4 from the summed statistics."""
         testlen, reflen = totals[..., 0], totals[..., 1]
