@@ -74,16 +74,21 @@ def test_meteor_is_handed_one_line_per_caption_whatever_it_is_given():
     0.576 instead of 1.0, or ``ValueError: could not convert string to float: b'2.0 2.0 ...'``
     (METEOR None). Now the METEOR metric puts every caption on one line itself, whatever calls
     it."""
-    refs = {1: ["a red circle", "a circle"], 2: ["two blue squares", "blue squares"],
-            3: ["a star", "one star"]}
-    res = {1: ["a red circle"], 2: ["two blue squares"], 3: ["a star"]}
+    # every breaker in one corpus (one METEOR process): each image's pair of references and
+    # hypothesis, one broken in a reference, the next in its hypothesis
+    refs, res, broken_refs, broken_res = {}, {}, {}, {}
+    for k, breaker in enumerate(BREAKERS):
+        refs[2 * k], res[2 * k] = ["a red circle", "a circle"], ["a red circle"]
+        refs[2 * k + 1] = ["two blue squares", "blue squares"]
+        res[2 * k + 1] = ["two blue squares"]
+        broken_refs[2 * k] = [f"a red{breaker}circle", "a circle"]
+        broken_res[2 * k] = ["a red circle"]
+        broken_refs[2 * k + 1] = refs[2 * k + 1]
+        broken_res[2 * k + 1] = [f"two blue{breaker}squares"]
     clean = Meteor().compute(Texts(refs, res, {}))
     assert clean == [pytest.approx(1.0)]
-    for breaker in BREAKERS:
-        broken_refs = {**refs, 1: [f"a red{breaker}circle", "a circle"]}
-        broken_res = {**res, 2: [f"two blue{breaker}squares"]}
-        broken = Meteor().compute(Texts(broken_refs, broken_res, {}))
-        assert broken == pytest.approx(clean), repr(breaker)
+    broken = Meteor().compute(Texts(broken_refs, broken_res, {}))
+    assert broken == pytest.approx(clean), [repr(b) for b in BREAKERS]
 
 
 @needs_java

@@ -39,7 +39,7 @@ import yaml
 
 from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.errors import CapstackError, shown
-from pipeline.core.regular import read_text
+from pipeline.core.regular import NotRegular, read_text
 from pipeline.core.runlock import holding_all
 from pipeline.core.yamlfile import check_expanded
 from pipeline.engine.stagefile import Stage, StagesFile, parse_assignment
@@ -113,6 +113,8 @@ def read_experiment(workdir: Path, name: str) -> Experiment:
         text = read_text(path, "an experiment manifest")
     except FileNotFoundError:
         raise _missing(workdir, name) from None
+    except NotRegular as e:  # never read, nor moved: a listing says it and goes on
+        raise UnusableExperiment(str(e)) from None
     except UnicodeDecodeError:
         raise _set_aside(path, name, "not UTF-8 text") from None
     try:
@@ -121,7 +123,10 @@ def read_experiment(workdir: Path, name: str) -> Experiment:
         raise _set_aside(path, name, f"not valid YAML: {getattr(e, 'problem', e)}") from None
     except RecursionError:
         raise _set_aside(path, name, "nested too deeply to be a manifest") from None
-    check_expanded(doc, str(path), "an experiment manifest")
+    try:
+        check_expanded(doc, str(path), "an experiment manifest")
+    except CapstackError as e:  # an alias bomb: damaged, as any manifest no experiment wrote
+        raise _set_aside(path, name, str(e).removeprefix(f"{path}: ")) from None
     ok = isinstance(doc, dict) and isinstance(doc.get("params"), dict) \
         and isinstance(doc.get("roots"), list) and all(isinstance(r, str) for r in doc["roots"])
     if not ok or doc.get("name") != name:
