@@ -58,10 +58,9 @@ def train_status(script: Path, workdir: Path) -> tuple[str, list[str]]:
     return status["state"], status["reasons"]
 
 
-@pytest.fixture(scope="module")
-def trained_copy(tmp_path_factory):
-    """(the copy's cli.py, a workdir whose ``train`` stage ran once with that copy)."""
-    root = tmp_path_factory.mktemp("copy")
+def trained_in_a_copy(root: Path) -> tuple[Path, Path]:
+    """(a copy of capstack's cli.py under ``root``, a workdir whose ``train`` stage, a show_tell
+    run of one epoch, ran once with that copy)."""
     script = capstack_copy(root)
     work = root / "work"
     prepared, grid = prepared_with_grid(work)
@@ -71,6 +70,11 @@ def trained_copy(tmp_path_factory):
     out = run(script, work, "run", "train")
     assert "Running stage 'train'" in out
     return script, work
+
+
+@pytest.fixture(scope="module")
+def trained_copy(tmp_path_factory):
+    return trained_in_a_copy(tmp_path_factory.mktemp("copy"))
 
 
 @pytest.mark.slow  # a copy of capstack, a real training stage, a capstack process per status
@@ -151,13 +155,7 @@ def test_a_stage_stale_by_an_edit_of_its_decoder_trains_afresh(tmp_path):
     the finished run resumed, "already complete"), the old run kept beside it."""
     import torch
 
-    script = capstack_copy(tmp_path)
-    work = tmp_path / "work"
-    prepared, grid = prepared_with_grid(work)
-    write_experiment(work / "exp.yaml", decoder="show_tell", captions=prepared,
-                     features=[grid], epochs=1)
-    (work / "stages.yaml").write_text(STAGES)
-    run(script, work, "run", "train")
+    script, work = trained_in_a_copy(tmp_path)
     decoder = script.parent / "trainer/decoders/show_tell.py"
     decoder.write_text(decoder.read_text().replace("dropout: float = 0.5", "dropout: float = 0.1"))
     assert train_status(script, work) == ("stale", ["code changed: trainer/decoders/show_tell.py"])
