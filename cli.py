@@ -385,6 +385,10 @@ def _report_job(result) -> None:
               help="The stage whose map is pooled: a ResNet's layer4 (stride 32; Stack-Cap's "
                    "14x14x2048 at 448) or layer3 (stride 16; 14x14x1024 at 224, HACap's input), "
                    "or vgg19's conv5_4 (stride 16; Show-Attend-Tell's 14x14x512 at 224).")
+@click.option("--decode", cls=SettingOption, type=NamesOf("pipeline.vision.jpeg:DECODES"),
+              help="cpu: PIL decodes and resizes in the --workers; device: the workers only read "
+                   "JPEGs, decoded, resized and normalised on --device a batch at once (others "
+                   "and refused ones: PIL). device gives another store (fingerprint).")
 @_store_options
 def extract_grid_cmd(dataset_json, image_root, out, features_root, fmt, pointer, batch_size,
                      workers, device, images_outside_root, nproc, **options):

@@ -15,6 +15,10 @@ activations overflow float16).
 
 On a GPU: ``--images 1000 --workers 14 --device cuda`` (benchmarks/gpu_checklist.sh).
 
+``--decode device``: the loop as ``extract-grid --decode device`` runs it: the workers only
+read the JPEGs' bytes, and each batch is decoded (nvJPEG on CUDA), resized and normalised on
+the device in the loop's thread; the target is then >= 80 % of the forward pass alone.
+
 ``--detector vg``: the Visual Genome bottom-up detector at its real size
 (ResNet-101 C4, 1601 classes, 401 attributes, 600x1000, 10-100 boxes; random
 weights in MILVLG's naming, written by benchmarks/vg_checkpoints.py): images/s
@@ -55,6 +59,7 @@ from pipeline.vision.backbones import (load_resnet, resnet_body,  # noqa: E402
                                                  resolve_weights)
 from pipeline.features.extract.kinds.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
 from pipeline.features.extract.runner import autocast  # noqa: E402
+from pipeline.vision.jpeg import DECODES  # noqa: E402
 
 
 def write_images(folder: Path, n: int) -> Path:
@@ -189,6 +194,9 @@ def main() -> None:
     ap.add_argument("--write-ahead", type=int, default=2,
                     help="batches the forward pass may run ahead of the commits")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--decode", choices=DECODES, default="cpu",
+                    help="where the loop decodes the JPEGs: PIL in the workers (cpu) or the "
+                         "device, a batch at once (extract-grid --decode)")
     ap.add_argument("--against-cpu", type=int, default=0, metavar="N",
                     help="the first N images on the CPU too: the stores' largest difference")
     ap.add_argument("--detector", choices=["vg"], default=None,
@@ -202,12 +210,14 @@ def main() -> None:
         return vg_benchmark(args, device)
     print(f"device {device}, autocast {args.autocast if device.type == 'cuda' else 'none'}, "
           f"torch threads {torch.get_num_threads()}, {args.backbone} "
-          f"{args.image_size}px, batch {args.batch}, {args.workers} workers, {args.images} images")
+          f"{args.image_size}px, batch {args.batch}, {args.workers} workers, decode "
+          f"{args.decode}, {args.images} images")
     with tempfile.TemporaryDirectory() as tmp:
         dataset = write_images(Path(tmp), args.images)
         forward = forward_only(args, device)
         print(f"forward pass alone (preloaded tensors): {forward:8.2f} images/s")
-        settings = GridSettings(args.backbone, "random", args.image_size, args.grid, "float32")
+        settings = GridSettings(args.backbone, "random", args.image_size, args.grid, "float32",
+                                decode=args.decode)
         stores = {}
         for label, ahead in [("overlapped", args.write_ahead), ("serial", 0)]:
             started = time.perf_counter()

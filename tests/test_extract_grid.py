@@ -258,3 +258,202 @@ def test_killed_or_interrupted_extraction_resumes_to_the_same_records(many_shape
     assert sorted(resumed.ids()) == sorted(expected.ids()) and len(resumed) == 64
     for i in expected.ids():
         np.testing.assert_array_equal(resumed.get(i).features, expected.get(i).features)
+
+
+# --- --decode device: JPEGs read in the workers, decoded on the extraction device ----------------
+
+
+def _photo(width: int, height: int, seed: int):
+    """An RGB image with smooth gradients and sharp edges (chroma subsampling matters)."""
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], -1)
+    image = Image.fromarray(base.astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(4):
+        x0, y0 = int(rng.integers(0, width - 10)), int(rng.integers(0, height - 10))
+        colour = tuple(int(c) for c in rng.integers(0, 255, 3))
+        draw.ellipse([x0, y0, x0 + 20, y0 + 16], fill=colour)
+    return image
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory):
+    """Files of every path --decode device takes: plain RGB and grayscale JPEGs (decoded by
+    decode_jpeg), EXIF-rotated ones (oriented on the device), a PNG and a CMYK JPEG (PIL in
+    the workers), a truncated JPEG and a missing file (skipped, with PIL's reasons)."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("jpegs")
+    (root / "images").mkdir()
+    names = []
+
+    def add(name, image, **save):
+        image.save(root / "images" / name, **save)
+        names.append(name)
+
+    for k in range(5):
+        add(f"rgb{k}.jpg", _photo(96 - 8 * k, 72, k), quality=90)
+    add("gray.jpg", _photo(80, 60, 7).convert("L"), quality=90)
+    for orientation in (3, 6, 7):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        add(f"turned{orientation}.jpg", _photo(96, 64, orientation), quality=92, exif=exif)
+    add("png.png", _photo(70, 50, 8))
+    add("cmyk.jpg", _photo(64, 48, 9).convert("CMYK"), quality=95)
+    data = (root / "images" / "rgb0.jpg").read_bytes()
+    (root / "images" / "cut.jpg").write_bytes(data[: len(data) // 2])
+    names += ["cut.jpg", "absent.jpg"]
+    images = [{"filepath": "images", "filename": name, "imgid": i, "split": "train",
+               "sentences": [{"tokens": ["x"], "sentid": i}]} for i, name in enumerate(names)]
+    dataset = root / "dataset_jpegs.json"
+    dataset.write_text(json.dumps({"dataset": "jpegs", "images": images}))
+    return root, dataset, {name: i for i, name in enumerate(names)}
+
+
+def _stores(jpegs, tmp_path):
+    root, dataset, _ = jpegs
+    stores = {}
+    for decode in ("cpu", "device"):
+        result = extract_grid(dataset, root, replace(SETTINGS, decode=decode),
+                              root=tmp_path / decode, batch_size=4, workers=0, progress=False,
+                              device="cpu")
+        stores[decode] = open_store(result.store)
+    return stores
+
+
+def test_device_decoding_gives_the_pil_paths_features_and_skips(jpegs, tmp_path):
+    """On the CPU, decode_jpeg is libjpeg-turbo as PIL's decoder is, and the resize and the
+    normalisation are GridTransform's own operations: the pixels, so the features, come out
+    equal (measured: byte for byte; the tolerance, 1e-3 on features up to about 5, leaves
+    room for float rounding only, not for another decoder's pixels). The PNG and
+    the CMYK JPEG go PIL's path; the EXIF-rotated JPEGs are turned as PIL turns them (their
+    recorded sizes too); the truncated and the missing files are skipped for PIL's reasons."""
+    stores = _stores(jpegs, tmp_path)
+    pil, device = stores["cpu"], stores["device"]
+    assert sorted(device.ids()) == sorted(pil.ids()) and len(pil) == 11
+    for i in pil.ids():
+        a, b = pil.get(int(i)), device.get(int(i))
+        assert (a.height, a.width) == (b.height, b.width)
+        np.testing.assert_allclose(b.features, a.features, rtol=0, atol=1e-3)
+    ids = jpegs[2]
+    assert (device.get(ids["turned6.jpg"]).height, device.get(ids["turned6.jpg"]).width) == \
+        (96, 64)
+    assert device.meta["skipped"] == pil.meta["skipped"]
+    assert "truncated or corrupt" in device.meta["skipped"][str(ids["cut.jpg"])]
+    assert "missing file" in device.meta["skipped"][str(ids["absent.jpg"])]
+
+
+def test_only_plain_jpegs_reach_the_device(jpegs):
+    from pipeline.vision.jpeg import JpegDataset
+    from pipeline.vision.images import grid_transform
+
+    root, _, ids = jpegs
+    items = [(i, root / "images" / name) for name, i in ids.items()]
+    dataset = JpegDataset(items, grid_transform(64))
+    undecoded = {name for (name, _), item in zip(ids.items(), dataset) if item["jpeg"] is not None}
+    assert undecoded == {"rgb0.jpg", "rgb1.jpg", "rgb2.jpg", "rgb3.jpg", "rgb4.jpg", "gray.jpg",
+                         "turned3.jpg", "turned6.jpg", "turned7.jpg"}
+    small = JpegDataset(items, grid_transform(64), max_pixels=96 * 64 - 1)
+    assert small[ids["turned6.jpg"]]["skipped"].startswith("too large to decode safely")
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orientation_turns_as_pil_does(orientation):
+    import torch
+    from PIL import Image, ImageOps
+
+    from pipeline.vision.jpeg import oriented
+
+    stored = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    image = Image.fromarray(stored)
+    exif = image.getexif()
+    exif[0x0112] = orientation
+    image.info["exif"] = exif.tobytes()
+    expected = np.asarray(ImageOps.exif_transpose(image))
+    turned = oriented(torch.from_numpy(stored).permute(2, 0, 1), orientation)
+    np.testing.assert_array_equal(turned.permute(1, 2, 0).numpy(), expected)
+
+
+def test_a_jpeg_the_decoder_refuses_falls_back_to_pil_or_is_skipped(jpegs):
+    """decode_jpeg fails for the whole list when one fails: the others are decoded one by one;
+    the refused one is PIL's to load (here it is a fine image) or to skip (the cut one)."""
+    import torch
+
+    from pipeline.vision.images import grid_transform, load_rgb
+    from pipeline.vision.jpeg import JpegDecoder
+
+    root, _, _ = jpegs
+    transform = grid_transform(64)
+    decoder = JpegDecoder(transform, torch.device("cpu"))
+    good = decoder.dataset([(0, root / "images" / "rgb1.jpg")])[0]
+    junk = torch.frombuffer(bytearray(b"\xff\xd8not a jpeg\xff\xd9"), dtype=torch.uint8)
+    batch = {"image_ids": [0, 1, 2], "images": [None, None, None], "heights": [72, 50, 72],
+             "widths": [88, 70, 96], "skipped": [(9, "missing file")],
+             "jpegs": [good["jpeg"], junk, junk], "orientations": [1, 1, 1],
+             "paths": [root / "images" / n for n in ("rgb1.jpg", "png.png", "cut.jpg")]}
+    out = decoder(batch)
+    assert out["image_ids"] == [0, 1] and (out["heights"], out["widths"]) == ([72, 50], [88, 70])
+    assert [i for i, _ in out["skipped"]] == [9, 2]
+    assert out["skipped"][1][1].startswith("truncated or corrupt")
+    for image, name in zip(out["images"], ("rgb1.jpg", "png.png")):
+        expected = transform(load_rgb(root / "images" / name))
+        torch.testing.assert_close(image, expected, rtol=0, atol=1e-5)
+
+
+def test_the_decoder_names_the_store_only_when_it_is_not_the_default(jpegs, tmp_path,
+                                                                      monkeypatch):
+    """The default's settings are those stores had before --decode existed (their names
+    stay: tests/test_extractors.py pins the demo's fingerprint); device adds itself."""
+    from pipeline.features.extract import job as job_module
+
+    settings = []
+
+    def plan_only(job, items, path, meta, *args):
+        settings.append(meta["producer"]["settings"])
+        return job_module.JobResult(path, meta["fingerprint"], reused=False)
+
+    monkeypatch.setattr(job_module, "_extract", plan_only)
+    root, dataset, _ = jpegs
+    planned = [extract_grid(dataset, root, replace(SETTINGS, decode=decode), root=tmp_path,
+                            workers=0, progress=False) for decode in ("cpu", "device")]
+    cpu, device = settings
+    assert "decode" not in cpu and device == {**cpu, "decode": "device"}
+    assert planned[0].fingerprint != planned[1].fingerprint
+    assert planned[0].store != planned[1].store
+    with pytest.raises(CapstackError, match=r"--decode 'gpu': unknown \(choose cpu, device\)"):
+        extract_grid(dataset, root, replace(SETTINGS, decode="gpu"), root=tmp_path,
+                     workers=0, progress=False)
+
+
+@pytest.mark.cuda
+def test_nvjpeg_pixels_are_within_a_few_levels_of_pils(jpegs, tmp_path):
+    """On CUDA, nvJPEG decodes (its IDCT and chroma upsampling are not libjpeg-turbo's) and
+    the resize runs in float32, rounded: the model's inputs may differ from the PIL path's
+    by a few levels of 255 (at most 8 here, under 1 on average); the images, their sizes
+    and the skips are the same."""
+    import torch
+
+    from pipeline.vision.images import IMAGENET_STD, ImageDataset, grid_transform
+    from pipeline.vision.jpeg import JpegDecoder
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here")
+    root, dataset, ids = jpegs
+    transform = grid_transform(64)
+    decoder = JpegDecoder(transform, torch.device("cuda"))
+    items = [(i, root / "images" / name) for name, i in ids.items()]
+    batch = decoder(decoder.collate([decoder.dataset(items)[k] for k in range(len(items))]))
+    reference = ImageDataset(items, transform)
+    assert len(batch["image_ids"]) == 11 and len(batch["skipped"]) == 2
+    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    for k, i in enumerate(batch["image_ids"]):
+        expected = reference[i]
+        assert (batch["heights"][k], batch["widths"][k]) == (expected["height"], expected["width"])
+        levels = (batch["images"][k].cpu() - expected["image"]).abs().mul(std).mul(255)
+        assert levels.max() <= 8 and levels.mean() < 1, (i, levels.max(), levels.mean())
+    result = extract_grid(dataset, root, replace(SETTINGS, decode="device"), root=tmp_path,
+                          batch_size=4, workers=2, progress=False, device="cuda")
+    assert (result.extracted, result.skipped) == (11, 2)

@@ -142,13 +142,19 @@ def _describe(e: BaseException) -> str:
     return text
 
 
-def _exif_transposed(image: Image.Image) -> Image.Image:
-    """``ImageOps.exif_transpose`` when the orientation needs it; unreadable EXIF is ignored."""
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation (2..8) of an opened image, read from its header; 1 when it has
+    none, an unknown one, or unreadable EXIF (the pixels are fine: kept as stored)."""
     try:
         orientation = image.getexif().get(_ORIENTATION, 1)
-    except Exception:  # malformed EXIF: the pixels are fine, keep them as stored
-        return image
-    if orientation not in (2, 3, 4, 5, 6, 7, 8):
+    except Exception:  # malformed EXIF
+        return 1
+    return orientation if orientation in (2, 3, 4, 5, 6, 7, 8) else 1
+
+
+def _exif_transposed(image: Image.Image) -> Image.Image:
+    """``ImageOps.exif_transpose`` when the orientation needs it; unreadable EXIF is ignored."""
+    if exif_orientation(image) == 1:
         return image
     return ImageOps.exif_transpose(image)
 
@@ -336,13 +342,30 @@ class GridTransform:
         self.std = tuple(float(s) for s in std)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        x = pil_to_uint8(image)[None]  # resized as uint8, like torchvision on a PIL image
-        x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
+        return self.normalise(self.resize(pil_to_uint8(image)), *self.stats(torch.device("cpu")))
+
+    def resize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 [3, H, W] -> [3, size, size] of whole values 0..255: uint8 on the CPU (resized
+        as uint8, like torchvision on a PIL image); float32 on another device, rounded, as
+        torchvision resizes uint8 there (the uint8 kernels are the CPU's)."""
+        size = (self.image_size, self.image_size)
+        if x.device.type == "cpu":
+            return F.interpolate(x[None], size=size, mode="bilinear", align_corners=False,
+                                 antialias=True)[0]
+        x = F.interpolate(x[None].to(torch.float32), size=size, mode="bilinear",
                           align_corners=False, antialias=True)[0]
-        x = x.to(torch.float32).div_(255.0)
+        return x.round_().clamp_(0, 255)
+
+    def stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std), each float32 [3, 1, 1] on ``device``."""
         mean = torch.tensor(self.mean, dtype=torch.float32).view(3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(3, 1, 1)
-        return x.sub_(mean).div_(std)
+        return mean.to(device), std.to(device)
+
+    @staticmethod
+    def normalise(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """Resized values 0..255 -> float32 in 0..1, then ``(x - mean) / std``."""
+        return x.to(torch.float32).div_(255.0).sub_(mean).div_(std)
 
     def __repr__(self) -> str:
         return f"GridTransform(image_size={self.image_size})"

@@ -27,6 +27,7 @@ from pipeline.features.fingerprint import fingerprint, images_digest
 from pipeline.features.placement import check_reusable, features_root, publish, store_path
 from pipeline.features.stores import Schema, create_writer
 from pipeline.vision.images import karpathy_items
+from pipeline.vision.jpeg import JpegDecoder
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Extraction:
     make_model: Callable[[], BatchModel]  # called only when some image is left to extract
     transform: Callable  # PIL image -> the model's input tensor (picklable: workers)
     pin_memory: bool = False
+    decoder: JpegDecoder | None = None  # JPEGs decoded on the device, not in the workers
 
 
 @dataclass
@@ -173,7 +175,7 @@ def _extract(job: ExtractionJob, items, path: Path, meta: dict) -> JobResult:
         report = run_extraction(items, writer, model, what.transform,
                                 batch_size=job.batch_size, workers=job.workers,
                                 progress=job.progress, pin_memory=what.pin_memory,
-                                write_ahead=job.write_ahead)
+                                write_ahead=job.write_ahead, decoder=what.decoder)
         writer.finish()
     finally:
         writer.close()

@@ -1,17 +1,18 @@
 """The extraction loop shared by grid and region extractors.
 
-Three things overlap: images are decoded and transformed in DataLoader workers,
-the model runs on whole batches in the loop's thread, and a writer thread
-commits each batch's records (and its skipped images) to the store at once, a
-few batches behind (``write_ahead``), so that an LMDB or HDF5 commit does not
-hold up the next forward pass. A batch model may hand back its records
-unfinished (a function that makes them, once the device's copy has landed):
-the writer thread finishes them, and the loop's thread goes on to the next
-batch while the device still works on this one. The batches are committed in
-order, each whole, so the store holds the same records as a loop that writes
-in its own thread (``write_ahead=0``). Images the store already holds are not
-read again, which is how a killed extraction resumes. Ctrl-C stops at the next
-batch boundary, with every finished batch committed first.
+Three things overlap: images are decoded and transformed in DataLoader workers (or,
+with a :class:`~pipeline.vision.jpeg.JpegDecoder`, only read there and decoded on
+the device in the loop's thread, batch by batch), the model runs on whole batches in
+the loop's thread, and a writer thread commits each batch's records (and its skipped
+images) to the store at once, a few batches behind (``write_ahead``), so that an
+LMDB or HDF5 commit does not hold up the next forward pass. A batch model may hand
+back its records unfinished (a function that makes them, once the device's copy has
+landed): the writer thread finishes them, and the loop's thread goes on to the next
+batch while the device still works on this one. The batches are committed in order,
+each whole, so the store holds the same records as a loop that writes in its own
+thread (``write_ahead=0``). Images the store already holds are not read again, which
+is how a killed extraction resumes. Ctrl-C stops at the next batch boundary, with
+every finished batch committed first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.utils.data import DataLoader
 from pipeline.core.errors import CapstackError
 from pipeline.core.interrupt import stop_at_batch_boundary
 from pipeline.vision.images import ImageDataset, collate_images
+from pipeline.vision.jpeg import JpegDecoder
 from pipeline.features.stores import Record, StoreWriter
 
 Records = Union[list[Record], Callable[[], list[Record]]]  # made, or to be made (finished)
@@ -60,10 +62,13 @@ NO_REGIONS = "no regions (0 boxes): nothing to caption from"
 def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter,
                    model: BatchModel | None, transform, *, batch_size: int, workers: int,
                    progress: bool = True, pin_memory: bool = False,
-                   write_ahead: int = WRITE_AHEAD) -> LoopReport:
+                   write_ahead: int = WRITE_AHEAD,
+                   decoder: JpegDecoder | None = None) -> LoopReport:
     """Extract every (image_id, path) not yet in ``writer`` and commit batch by batch; a
     skipped image is recorded as ``PATH: reason``. ``write_ahead``: batches the forward
-    pass may run ahead of the commits (0: each batch committed before the next is read)."""
+    pass may run ahead of the commits (0: each batch committed before the next is read).
+    ``decoder``: the workers only read JPEGs' bytes, and it decodes each batch's (None:
+    the workers decode and ``transform`` every image)."""
     from tqdm import tqdm
 
     todo = [(i, p) for i, p in items if int(i) not in writer.done]
@@ -74,9 +79,10 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter,
     if writer.done:
         tqdm.write(f"resuming: {len(items) - len(todo)} of {len(items)} images already in "
                    f"{writer.partial}", file=sys.stderr)
-    loader = DataLoader(ImageDataset(todo, transform), batch_size=batch_size,
-                        num_workers=workers, collate_fn=collate_images, pin_memory=pin_memory,
-                        persistent_workers=False)
+    dataset, collate = ((ImageDataset(todo, transform), collate_images) if decoder is None
+                        else (decoder.dataset(todo), decoder.collate))
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                        collate_fn=collate, pin_memory=pin_memory, persistent_workers=False)
     paths = {int(i): p for i, p in todo}
     started = time.perf_counter()
     bar = tqdm(total=len(todo), desc=writer.meta["producer"]["name"], unit="img",
@@ -95,6 +101,8 @@ def run_extraction(items: Sequence[tuple[int, Path]], writer: StoreWriter,
 
     with stop_at_batch_boundary() as state, bar, Committer(commit, write_ahead) as committer:
         for batch in loader:
+            if decoder is not None:
+                batch = decoder(batch)
             committer.put(batch, model(batch) if batch["image_ids"] else [])
             if state["stop"]:
                 committer.drain()

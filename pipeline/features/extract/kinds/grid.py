@@ -6,7 +6,9 @@ Show-Attend-Tell's own grid is VGG-19's conv5_4 at 224 (``--backbone vgg19 --lay
 conv5_4``: 14 x 14 x 512, with the user's weights); its nearest ResNet counterpart is
 layer3 (stride 16: 14 x 14 x 1024 at 224), HACap's input too.
 The layer, its map size at the image size and the pooled grid are part of the
-store's settings (so of its fingerprint).
+store's settings (so of its fingerprint); so is ``decode`` when it is not the default
+``cpu``: another decoder (``device``: nvJPEG on a GPU, pipeline/vision/jpeg.py) may
+give other pixels, so other features.
 
 The kind ``grid`` (:class:`Grid`, settings :class:`GridSettings`), run by
 ``capstack extract-grid``.
@@ -21,6 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from pipeline.core.errors import CapstackError
 from pipeline.features.extract.kinds import EXTRACTORS
 from pipeline.features.extract.job import Extraction, JobResult, extract
 from pipeline.features.extract.kinds.base import ExtractorKind, half_precision, store_dtype
@@ -29,6 +32,7 @@ from pipeline.features.stores import Record, Schema, field
 from pipeline.vision.backbones import (Weights, checked_layer, grid_channels, grid_trunk,
                                        layer_map_size, load_backbone, resolve_weights)
 from pipeline.vision.images import grid_transform, stack_images
+from pipeline.vision.jpeg import DECODES, JpegDecoder
 
 FEATURES_VERSION = 1  # bump when the same settings start giving other features
 
@@ -52,6 +56,7 @@ class GridSettings:
     grid: int = 14
     dtype: str | None = None  # float16; float32 for random weights (store_dtype)
     layer: str = "layer4"  # or layer3 (stride 16); conv5_4 for vgg19
+    decode: str = "cpu"  # PIL in the workers; device: JPEGs decoded on the extraction device
 
 
 def batch_model(extractor: GridExtractor, device: torch.device, half: bool = True):
@@ -101,22 +106,25 @@ class Grid(ExtractorKind):
 
     def prepare(self, s: GridSettings, dataset_json: Path, device: torch.device) -> Extraction:
         checked_layer(s.layer, s.backbone)
+        checked_decode(s.decode)
         weights = resolve_weights(s.backbone, s.weights)
         channels = grid_channels(s.backbone, s.layer)
         map_size = layer_map_size(s.image_size, s.layer)
         dtype = store_dtype(s.dtype, s.weights)
+        transform = grid_transform(s.image_size)
         return Extraction(
             kind="grid", backbone=s.backbone, dtype=dtype,
             schema=Schema((field("features", (channels,), dtype),), grid=s.grid),
             settings={"extractor": self.command, "features_version": FEATURES_VERSION,
                       "weights_md5": weights.md5, "image_size": s.image_size,
                       "layer": s.layer, "layer_map": map_size, "grid": s.grid,
-                      "feature_dim": channels},
+                      "feature_dim": channels, **decode_setting(s.decode)},
             describe={"weights": weights.path,
                       "layer": f"{s.layer} ({map_size}x{map_size} at {s.image_size} px), "
                                f"adaptive average pool to {s.grid}x{s.grid}"},
             make_model=lambda: self.model(s, weights, device),
-            transform=grid_transform(s.image_size), pin_memory=device.type == "cuda")
+            transform=transform, pin_memory=device.type == "cuda",
+            decoder=JpegDecoder(transform, device) if s.decode == "device" else None)
 
     def model(self, s: GridSettings, weights: Weights, device: torch.device) -> BatchModel:
         model = load_backbone(s.backbone, weights)
@@ -128,6 +136,17 @@ class Grid(ExtractorKind):
     def rebuild(self, s: GridSettings, weights_md5: str, where: str, device: torch.device):
         assert s.weights is not None, "rebuilt settings hold the store's weights"
         return self.model(s, Weights(s.weights, weights_md5), device), grid_transform(s.image_size)
+
+
+def checked_decode(decode: str) -> None:
+    if decode not in DECODES:
+        raise CapstackError(f"--decode {decode!r}: unknown (choose {', '.join(DECODES)})")
+
+
+def decode_setting(decode: str) -> dict:
+    """The fingerprinted setting of the decoder: none for the default (PIL in the workers),
+    so that every store made before the option keeps its name."""
+    return {} if decode == GridSettings.decode else {"decode": decode}
 
 
 GRID = EXTRACTORS.register("grid")(Grid("grid"))
