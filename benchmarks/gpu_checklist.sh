@@ -7,7 +7,8 @@
 # skipped without it). Each part has its own time limit (seconds, in the PART_* variables; 0
 # skips the part) so that a slow one cannot take the others' time; a part that fails or runs
 # out says so in its log and the next one runs. PEER_BEAM_IMAGES: the images beam search
-# decodes in the peer comparison (GPU.md: 5,000).
+# decodes in the peer comparison (GPU.md: 5,000). REHEARSAL_IMAGES: the made-up images the
+# rehearsal of configs/coco.yaml runs on (1,000).
 set -u
 LOGS=${1:?usage: gpu_checklist.sh LOGS [PEER]}
 PEER=${2:-}
@@ -58,9 +59,22 @@ part extract_grid "${PART_GRID:-150}" python3 benchmarks/extraction.py --device 
   --autocast bfloat16 --batch 16 --workers 14 --write-ahead 2 --against-cpu 2
 part extract_regions "${PART_REGIONS:-90}" python3 benchmarks/extraction.py --detector vg \
   --device cuda --images 8 --batch 2 --workers 4 --against-cpu 1
+#    the same loop with the JPEGs decoded on the GPU (extract-grid --decode device: nvJPEG,
+#    batched), 4 workers reading bytes only: decoding off the loop's critical path
+part extract_grid_device_decode "${PART_GRID_DECODE:-150}" python3 benchmarks/extraction.py \
+  --device cuda --images 1000 --autocast bfloat16 --batch 16 --workers 4 --write-ahead 2 \
+  --decode device --against-cpu 2
+echo "== targets: the extract-grid loop at >= 80 % of its forward pass alone (extract_grid,"
+echo "   extract_grid_device_decode: 'busy'); extract-regions with the VG detector at 600x1000"
+echo "   at >= 6.5 images/s (extract_regions; MILVLG's bottom-up-attention.pytorch states 6.48)"
 # the bottom-up rule's region selection: every class at once against the per-class loop,
 # 300 proposals x 1,600 classes (docs/benchmarks.md, "Region selection")
 part region_selection "${PART_SELECTION:-60}" python3 benchmarks/region_selection.py --device cuda
+# 6. a rehearsal of configs/coco.yaml at real sizes: the BUTD block (the VG detector at 600x1000,
+#    one XE and one SCST epoch of top_down, evaluations, the report) through `capstack run` on
+#    made-up COCO-size images, each stage timed and projected beside real_data_needs.py's figures
+part rehearsal "${PART_REHEARSAL:-900}" python3 benchmarks/rehearsal.py --device cuda \
+  --images "${REHEARSAL_IMAGES:-1000}"
 # the whole suite with the GPU visible, in what time is left: each failure named. Its CLI tests
 # run the installed entry point beside the interpreter: where capstack is not installed (a
 # machine with no registry), a two-line one from this checkout takes its place.
