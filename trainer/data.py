@@ -301,7 +301,8 @@ class TrainBatches:
                 for batch in readers:  # the ranks' sum was left behind: it does not cross processes
                     yield replace(batch, share=replace(batch.share, total=self.ranks.sum))
                     index += 1
-            except RuntimeError:
+            except (RuntimeError, OSError, EOFError):  # torch's, or a batch it handed on
+                # before it died whose shared memory can no longer be fetched from it
                 death = _reader_death(readers)
                 if death is None:
                     raise
