@@ -32,10 +32,15 @@ command -v java || echo "no java: METEOR and the PTB tokenizer cannot run here"'
 # 1. correctness on CUDA
 part cuda_tests "${PART_CUDA_TESTS:-120}" python3 -m pytest -q -m cuda -p no:cacheprovider
 # 2. training throughput at COCO size: top_down hidden 1000 on 36x2048 regions, stack_cap on a
-#    14x14x2048 grid; XE and SCST, bfloat16 on and off; store reads; the GPU's busy share
-part training "${PART_TRAINING:-120}" python3 benchmarks/training.py --device cuda --hidden 1000 \
-  --scst --setups top_down:36:50,stack_cap:196:50 --steps "${TRAINING_STEPS:-10}" --beam-images 1000 \
-  --beam-single 50
+#    14x14x2048 grid, the Transformer; XE and SCST, bfloat16 on and off; store reads; the GPU's
+#    busy share
+part training "${PART_TRAINING:-150}" python3 benchmarks/training.py --device cuda --hidden 1000 \
+  --scst --setups top_down:36:50,stack_cap:196:50,transformer:36:50 --steps "${TRAINING_STEPS:-10}" \
+  --beam-images 1000 --beam-single 50
+#    what each step asks of the GPU: operators, host syncs (each with its line), copies; the
+#    aim: one sync an XE step, three an SCST step (its captions to the reward, the statistics)
+part training_count "${PART_COUNT:-60}" python3 benchmarks/training.py --device cuda --count \
+  --hidden 1000 --scst --setups top_down:36:50,stack_cap:196:50,transformer:36:50
 #    the store reads in the training process (read ahead by a thread) against 4 reader
 #    processes (data.readers: 4): XE steps, the data share of each
 part training_readers "${PART_READERS:-90}" python3 benchmarks/training.py --device cuda \
@@ -45,13 +50,21 @@ part training_readers "${PART_READERS:-90}" python3 benchmarks/training.py --dev
 #    torch.compile, CUDA graphs) against eager: top_down XE and SCST at hidden 1000, 50 images
 #    x 5 captions; the GPU busy share of each (eager 0.51 XE, 0.39 SCST; the aim is 0.8)
 part training_compiled "${PART_COMPILED:-300}" python3 benchmarks/training.py --device cuda \
-  --hidden 1000 --scst --setups top_down:36:50 --steps "${TRAINING_STEPS:-10}" \
+  --hidden 1000 --scst --setups top_down:36:50,transformer:36:50 --steps "${TRAINING_STEPS:-10}" \
   --compile off,steps --beam-images 0
-# 3. and 4. against the peer on the same GPU: UpDown XE and SCST steps, beam K=5 on 5,000 images
+# 3. and 4. against the peer on the same GPU: UpDown and the Transformer, XE and SCST steps,
+#    beam K=5 on 5,000 images; capstack with train.compile: steps (PEER_COMPILE=off: eager)
 if [ -n "$PEER" ]; then
-  part peer "${PART_PEER:-150}" python3 benchmarks/peer_steps.py --peer "$PEER" --device cuda \
-    --width 1000 --steps 5 --beam-images "${PEER_BEAM_IMAGES:-5000}" --beam-steps 1
+  part peer "${PART_PEER:-180}" python3 benchmarks/peer_steps.py --peer "$PEER" --device cuda \
+    --width 1000 --steps 5 --beam-images "${PEER_BEAM_IMAGES:-5000}" --beam-steps 1 \
+    --models updown,transformer --compile "${PEER_COMPILE:-steps}"
 fi
+echo "== targets of training: top_down's XE step with the GPU busy >= 0.80 (training_compiled:"
+echo "   'GPU busy'); against the peer (peer: 'capstack vs peer'): top_down XE >= 2x, SCST >= 4x,"
+echo "   Transformer XE >= 2x, SCST >= 4x; bfloat16 faster than float32 for XE and SCST (training:"
+echo "   'images/s', bf16 against fp32 rows); the store's reads < 5 % of a step (training_readers:"
+echo "   'data share'; its first lines say whether the store fits in the page cache); one XE and"
+echo "   one SCST epoch over 113,287 images (rehearsal: its projection beside real_data_needs.py)"
 # 5. extraction: ResNet-101 grid at 448, the VG detector at 600x1000; GPU against CPU
 #    over 1,000 images (the workers' start weighs little): the forward pass alone, the loop
 #    overlapped (commits in a writer thread) and serial, their stores compared byte for byte

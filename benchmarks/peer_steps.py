@@ -61,6 +61,8 @@ from trainer.optimizers import build_optimizer  # noqa: E402
 from trainer.optimizers.adam import AdamConfig  # noqa: E402
 from trainer.precision import Precision  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
+from trainer.training.compiled import WARM_UP_CALLS, compiled_steps  # noqa: E402
+from trainer.training.loop import optimizer_step  # noqa: E402
 
 VOCAB = 9487  # words + <pad>, <bos>, <eos>, <unk> in capstack; the peer's 9,486 words + 0
 IMAGES, PER_IMAGE, LENGTH, REGIONS, DIM, WIDTH = 50, 5, 16, 36, 2048, 512
@@ -136,7 +138,8 @@ def peer_model_options(model: str, width: int) -> dict:
 class Capstack:
     name = "capstack"
 
-    def __init__(self, work: Work, model: str = "updown", amp: str = "off"):
+    def __init__(self, work: Work, model: str = "updown", amp: str = "off",
+                 compile_steps: str = "off"):
         torch.manual_seed(0)
         self.precision = Precision(amp, work.device)
         name, config = capstack_decoder(model, work.width)
@@ -159,15 +162,20 @@ class Capstack:
         self.scst = SelfCritical(SelfCriticalConfig(reward=None, samples=PER_IMAGE,
                                                     baseline="greedy"), setting,
                                  scorer=CiderD.from_references(references, names))
+        self.compiled = compiled_steps(compile_steps, "auto", self.model, work.device)
 
     def _update(self, objective) -> None:
-        """A training step as trainer/train.py's: the loss under ``train.amp``'s autocast,
-        zero_grad, backward, clipping, the optimiser's step."""
-        with self.precision.autocast():
-            loss = objective.loss(self.model, self.batch, StepKey(0, 0, 0))[0]
-        self.opt.zero_grad()
-        self.precision.backward(loss)
-        self.precision.step(self.opt, CLIP)
+        """Training's own step (trainer/training/loop.py): the loss under ``train.amp``'s
+        autocast and ``train.compile``'s compiled steps, zero_grad, backward, clipping, the
+        optimiser's step, the statistics to the host."""
+        optimizer_step(partial(objective.loss, self.model), self.batch, StepKey(0, 0, 0),
+                       self.precision, self.opt, CLIP, self.compiled)
+
+    def warm_up(self, method: str) -> None:
+        """The calls before the timed ones: compiled steps compile, then warm up and record
+        their CUDA graphs (three calls); eager ones once."""
+        for _ in range(WARM_UP_CALLS if self.compiled is not None else 1):
+            getattr(self, method)()
 
     def xe_step(self) -> None:
         self._update(self.xe)
@@ -288,6 +296,14 @@ def quiet():
 
 # ------------------------------------------------------------------------- timing
 
+def warm_up_of(side, method: str):
+    """What runs before a side's timed calls: beam search over the warm-up batches, a side's own
+    warm-up (capstack's compiled steps), else one call of the timed method."""
+    if method == "beam":
+        return partial(side.beam, warm_up=True)
+    return partial(side.warm_up, method) if hasattr(side, "warm_up") else None
+
+
 def seconds(run, steps: int, warm_up=None) -> list[float]:
     """Seconds of each of ``steps`` calls after one warm-up call (``warm_up``'s, else the
     timed call's), the GPU's work finished."""
@@ -321,6 +337,9 @@ def main() -> None:
     ap.add_argument("--amp", default="off", choices=["off", "bfloat16"],
                     help="capstack's train.amp (the peer's side stays float32): off compares "
                          "like with like; bfloat16 is what train.amp: bfloat16 gives")
+    ap.add_argument("--compile", default="off", choices=["off", "steps"],
+                    help="capstack's train.compile (CUDA graphs on a GPU); its warm-up calls "
+                         "(compiling, recording) are not timed")
     ap.add_argument("--models", default="updown,transformer",
                     help="the peer's caption_model names: updown (top_down), transformer")
     args = ap.parse_args()
@@ -328,12 +347,14 @@ def main() -> None:
     work = Work(width=args.width, device=args.device, beam_images=args.beam_images)
     where = (torch.cuda.get_device_name(work.device) if work.device.type == "cuda" else
              f"CPU, {torch.get_num_threads()} threads")
-    print(f"torch {torch.__version__}, {where}; capstack's train.amp {args.amp}, the peer's "
+    print(f"torch {torch.__version__}, {where}; capstack's train.amp {args.amp}, train.compile "
+          f"{args.compile}, the peer's "
           f"float32; vocabulary {VOCAB}, {REGIONS}x{DIM} regions, "
           f"{IMAGES} images x {PER_IMAGE} captions of {LENGTH} words, Adam, clip {CLIP}")
     with peer_paths(args.peer.resolve()) as folder:
         for model in args.models.split(","):
-            compare(model, [Peer(work, folder, model), Capstack(work, model, args.amp)], args)
+            compare(model, [Peer(work, folder, model),
+                            Capstack(work, model, args.amp, args.compile)], args)
 
 
 def compare(model: str, sides: list, args) -> None:
@@ -346,8 +367,7 @@ def compare(model: str, sides: list, args) -> None:
                           ("SCST step (5 samples + greedy)", "scst_step"),
                           (f"beam K={BEAM}, {args.beam_images} images", "beam")]:
         peer, ours = (seconds(getattr(side, method), args.steps if method != "beam" else
-                              args.beam_steps, partial(side.beam, warm_up=True)
-                              if method == "beam" else None) for side in sides)
+                              args.beam_steps, warm_up_of(side, method)) for side in sides)
         rates = (f"   images/s: {args.beam_images / np.median(peer):.0f} and "
                  f"{args.beam_images / np.median(ours):.0f}" if method == "beam" else "")
         print(f"{label:34} {min(peer):9.3f}-{max(peer):.3f} s {min(ours):7.3f}-{max(ours):.3f} s"

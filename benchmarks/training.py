@@ -13,13 +13,18 @@
   ``--compile off,steps``: the steps eager and with ``train.compile: steps`` (the decoder's
   recurrence and per-word step through torch.compile, ``--compile-mode``: auto is CUDA
   graphs on a GPU), one row each; a compiled row's first steps, which compile, are not timed.
+- ``--count``: no timing; what one step asks of the device, counted on any device
+  (trainer/launches.py): its operators (a kernel launch each on a GPU, eager), per decoding
+  word, its host syncs, each with the line that asked for it, and its copies to the device
+  (a CUDA graph holds no sync: the aim is one, the statistics' copy at the step's end, plus
+  SCST's captions brought to the host for the reward).
 - beam search (K = 5) captions/s, images x beams batched (50 images, as evaluation
   does), against a loop over one image at a time of the same code: a random
   COCO-size top_down, and the demo's trained decoders when `make demo` has run.
 
     python benchmarks/training.py [--steps 5] [--device cpu|cuda] [--hidden 512] [--scst]
         [--setups top_down,stack_cap:196:50] [--amp] [--beam-images 200] [--beam-single 0]
-        [--readers 0,2] [--compile off,steps] [--compile-mode auto]
+        [--readers 0,2] [--compile off,steps] [--compile-mode auto] [--count]
 
 GPU.md's sizes: ``--device cuda --hidden 1000 --scst --setups top_down,stack_cap:196:50``.
 """
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,12 +61,13 @@ from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E4
 from trainer.precision import Precision  # noqa: E402
 from trainer.read_ahead import read_ahead  # noqa: E402
 from trainer.rewards.cider import CiderD  # noqa: E402
-from trainer.training.compiled import CompiledSteps, active, compile_mode  # noqa: E402
+from trainer.launches import StepCount  # noqa: E402
+from trainer.training.compiled import WARM_UP_CALLS, CompiledSteps, compile_mode  # noqa: E402
+from trainer.training.loop import optimizer_step  # noqa: E402
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
 SETUPS = {"top_down": (36, 50), "soft_attention": (196, 10)}  # locations, images a batch
-WARM_UP_COMPILED = 3  # untimed steps of a compiled row: compile; CUDA graphs warm up; record
 
 
 def synthetic_captions(n_images: int, rng) -> Captions:
@@ -125,14 +132,10 @@ def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, 
 
     def one_step():
         batch = fixed if reuse_batch else next(it).to(device)
-        with precision.autocast(), active(compiled):
-            loss, _ = objective.loss(model, batch, StepKey(0, 0, 0))
-        opt.zero_grad()
-        precision.backward(loss)
-        precision.step(opt, 0.1)
-        loss.item()  # as training's log does: the step's end
+        optimizer_step(partial(objective.loss, model), batch, StepKey(0, 0, 0), precision, opt,
+                       0.1, compiled)  # training's own step, its statistics to the host
 
-    for _ in range(1 if compiled is None else WARM_UP_COMPILED):
+    for _ in range(1 if compiled is None else WARM_UP_CALLS):
         one_step()
     profiling = busy and device.type == "cuda"
     with profile(activities=[ProfilerActivity.CUDA]) if profiling else nullcontext() as prof:
@@ -147,6 +150,58 @@ def step_time(model, objective, batches, device, steps: int, reuse_batch: bool, 
     assert prof is not None
     kernels = sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / steps
     return wall, kernels / wall
+
+
+def page_cache_note(store: Path) -> str:
+    """The store's size beside the memory available: whether its reads can come from the page
+    cache (a COCO store of 36x2048 float16 regions is 17 GB, more than many machines cache)."""
+    size = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) if store.is_dir() \
+        else store.stat().st_size
+    try:
+        meminfo = Path("/proc/meminfo").read_text().split("\n")
+        available = next(int(line.split()[1]) * 1024 for line in meminfo
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return f"store {size / 1e9:.2f} GB (memory available unknown)"
+    fits = "fits in the page cache: its reads come from memory" if size < available \
+        else "is larger than the memory available: its reads come from the disk"
+    return f"store {size / 1e9:.2f} GB, {available / 1e9:.0f} GB available: it {fits}"
+
+
+def step_count(model, objective, batches, device) -> tuple[StepCount, int]:
+    """What one training step (after a first one) asks of the device (trainer/launches.py),
+    and its batch's caption width."""
+    opt = torch.optim.Adam(model.parameters(), lr=4e-4)
+    precision = Precision("off", device)
+    batch = next(iter(batches.epoch(0))).to(device)
+    for counting in (False, True):
+        with StepCount() if counting else nullcontext() as count:
+            optimizer_step(partial(objective.loss, model), batch, StepKey(0, 0, 0), precision,
+                           opt, 0.1)
+    return count, batch.width
+
+
+def count_rows(args, device, rng) -> None:
+    """``--count``: each setup's XE (and SCST) step counted, its syncs' places listed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rows, batch_size in parse_setups(args.setups):
+            kind = "regions" if rows <= 100 else "grid"
+            store = synthetic_store(Path(tmp) / f"{name}.lmdb", batch_size, rows, 2048, kind, rng)
+            captions = synthetic_captions(batch_size, rng)
+            for label, objective in objectives(captions, args.scst).items():
+                batches = TrainBatches(captions, Features([store]), batch_size=batch_size,
+                                       seq_per_img=5, seed=0)
+                torch.manual_seed(0)
+                model = build_decoder(name, DECODERS.get(name).Config(
+                    **decoder_sizes(name, args.hidden)), VOCAB, 2048).to(device)
+                count, width = step_count(model, objective, batches, device)
+                # XE: the captions' words and <eos>; SCST: the sampled and greedy captions, each
+                # max_len words and <eos> (random weights rarely end a caption sooner)
+                words = 2 * (CAPTION_LEN + 1) if label == "SCST" else width - 1
+                print(f"{name:>15} {label:>4} {count.operators:>9} {words:>5} "
+                      f"{count.operators / words:>9.1f} {count.syncs:>5} {count.copies:>6}")
+                for where, times in count.where().items():
+                    print(f"{'':>21}sync x{times}: {where}")
 
 
 def beam_rates(model, feats, mask, batch: int, single_images: int = -1) -> tuple[float, float]:
@@ -216,8 +271,9 @@ def step_rows(args, device, rng):
     with tempfile.TemporaryDirectory() as tmp:
         for name, rows, batch_size in parse_setups(args.setups):
             kind = "regions" if rows <= 100 else "grid"
-            n_images = batch_size * (2 * args.steps + 2 * WARM_UP_COMPILED + 2)
+            n_images = batch_size * (2 * args.steps + 2 * WARM_UP_CALLS + 2)
             store = synthetic_store(Path(tmp) / f"{name}.lmdb", n_images, rows, 2048, kind, rng)
+            print(f"{name}: {page_cache_note(store)}")
             captions = synthetic_captions(n_images, rng)
             for label, objective in objectives(captions, args.scst).items():
                 for amp, readers, compiling in ((a, r, c) for a in amps for r in args.readers
@@ -265,8 +321,15 @@ def main() -> None:
     ap.add_argument("--beam-batch", type=int, default=50, help="images per beam-search batch")
     ap.add_argument("--beam-single", type=int, default=-1,
                     help="images decoded one at a time for the ratio (default: all)")
+    ap.add_argument("--count", action="store_true",
+                    help="count each step's operators, host syncs and copies instead of timing")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if args.count:
+        print(f"{'decoder':>15} {'step':>4} {'operators':>9} {'words':>5} {'per word':>9} "
+              f"{'syncs':>5} {'copies':>6}")
+        count_rows(args, device, np.random.default_rng(0))
+        return
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {device} {name} ({torch.get_num_threads()} threads), torch {torch.__version__},"
           f" hidden {args.hidden}, vocabulary {VOCAB}")

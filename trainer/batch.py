@@ -57,6 +57,13 @@ class TrainBatch:
     share: Share  # the global batch's counts that losses divide by
     index: int = 0  # the batch's position in its epoch
     seq_per_img: int = 1  # captions of each image (consecutive rows of ``captions``)
+    width: int = -1  # the longest caption's columns (<bos> included): set where it is made
+
+    def __post_init__(self):
+        """The caption width taken where the captions are made, on the host: read from a
+        batch already on a GPU it would stop the host until the GPU caught up."""
+        if self.width < 0:
+            self.width = int((self.captions != 0).sum(1).max()) if len(self.captions) else 0
 
     def pin_memory(self) -> "TrainBatch":
         """The tensors in page-locked memory, so that :meth:`to` a GPU copies asynchronously."""

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from pipeline.core.tokens import BOS_ID, EOS_ID, PAD_ID
 from trainer.decoders.base import Context, Decoder, images_of, select, stack_steps
+from trainer.launches import host_side
 
 
 @dataclass
@@ -48,6 +49,14 @@ class SamplingNoise:
 
     def __call__(self, t: int, n: int) -> np.ndarray:
         return np.random.default_rng([*self.key, t]).random(self.rows)[self.offset:self.offset + n]
+
+    def table(self, steps: int, n: int, device: torch.device) -> Tensor:
+        """The draws of steps 0..steps-1, [steps, n] float32 on ``device``, copied there at once
+        (a copy a word would make the host wait for the device each time)."""
+        draws = torch.from_numpy(np.stack([self(t, n) for t in range(steps)]).astype(np.float32))
+        if device.type == "cuda":
+            draws = draws.pin_memory()
+        return draws.to(device, non_blocking=True)
 
     def child(self, *key: int) -> "SamplingNoise":
         """Independent draws for another sampling of the same batch (e.g. another stage)."""
@@ -82,6 +91,7 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
     """
     forced = prefix.repeat_interleave(n, 0) if prefix is not None and n > 1 else prefix
     rows = forced.shape[0] if forced is not None else images_of(ctx) * n
+    draws = None if noise is None else noise.table(max_len, rows, _device_of(ctx))
 
     def pick(logp: Tensor, t: int) -> Tensor:
         if forced is not None and t < forced.shape[1]:
@@ -95,9 +105,9 @@ def sample(decoder: Decoder, ctx: Context, max_len: int, temperature: float = 1.
                 torch.softmax(tempered(logp, temperature), 1)
         else:
             probs = torch.softmax(tempered(logp * factor, temperature), 1)
-        if noise is None:
+        if draws is None:
             return torch.multinomial(probs, 1).squeeze(1)
-        u = torch.as_tensor(noise(t, probs.shape[0]), dtype=torch.float32, device=probs.device)
+        u = draws[t]
         cdf = torch.cumsum(probs, 1)
         picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
         return picked.clamp(max=probs.shape[1] - 1)
@@ -117,12 +127,9 @@ def tempered(x: Tensor, temperature: float) -> Tensor:
     if temperature == 1:
         return x
     scaled = x / temperature
-    lost = ~torch.isfinite(scaled.amax(1))
-    if lost.any():
-        rows = x[lost]
-        best = rows == rows.amax(1, keepdim=True)
-        scaled[lost] = torch.zeros_like(rows).masked_fill(~best, float("-inf"))
-    return scaled
+    lost = ~torch.isfinite(scaled.amax(1, keepdim=True))  # without a branch: no host sync
+    limit = torch.zeros_like(x).masked_fill(x != x.amax(1, keepdim=True), float("-inf"))
+    return torch.where(lost, limit, scaled)
 
 
 def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) -> Decoded:
@@ -130,6 +137,7 @@ def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) ->
     state = decoder.init_state(ctx, n)
     words = torch.full((n,), BOS_ID, dtype=torch.long, device=state[0].device)
     done = torch.zeros(n, dtype=torch.bool, device=words.device)
+    ended = _EndCheck(words.device, max_len + 1)
     tokens, logprobs, alphas = [], [], []
     for t in range(max_len + 1):  # max_len words, then room for <eos>
         logits, state, alpha = decoder.step(words, state, ctx)
@@ -141,9 +149,48 @@ def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) ->
         logprobs.append(picked_logprobs(logits, full, words).masked_fill(done, 0.0))
         alphas.append(alpha)
         done = done | (words == EOS_ID)
-        if done.all():
+        if ended(done):
             break
     return Decoded(torch.stack(tokens, 1), torch.stack(logprobs, 1), stack_steps(alphas))
+
+
+class _EndCheck:
+    """Whether every row has ended, asked after each word without stopping the host.
+
+    On the CPU the answer is the word's own. On a GPU, waiting for it each word would leave the
+    GPU idle while the host issues the next word's kernels (and no CUDA graph holds a wait): each
+    word's answer is copied to pinned memory behind an event, and the decoding stops at the
+    first answer the GPU has delivered that says so. It may run a few words past the end: those
+    words are ``<pad>`` at log-probability 0 in every row, as after any row's end.
+    """
+
+    def __init__(self, device: torch.device, words: int):
+        self.waits = device.type != "cuda"
+        if not self.waits:
+            self.answers = torch.zeros(words, dtype=torch.bool, pin_memory=True)
+            self.asked: list[tuple[int, torch.cuda.Event]] = []
+            self.word = 0
+
+    def __call__(self, done: Tensor) -> bool:
+        if self.waits:
+            with host_side():  # on the host: the answer is there already
+                return bool(done.all())
+        self.answers[self.word].copy_(done.all(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.asked.append((self.word, event))
+        self.word += 1
+        while self.asked and self.asked[0][1].query():  # delivered: read without waiting
+            word, _ = self.asked.pop(0)
+            with host_side():  # pinned host memory the GPU has written
+                if bool(self.answers[word]):
+                    return True
+        return False
+
+
+def _device_of(ctx: Context) -> torch.device:
+    """The device of a context's tensors."""
+    return next(iter(ctx.values())).device
 
 
 def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) -> Decoded:

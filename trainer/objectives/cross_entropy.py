@@ -48,8 +48,6 @@ class ScheduledSampling:
 
     def __call__(self, words: Tensor, previous_logits: Tensor) -> Tensor:
         use_sample = torch.rand(words.shape[0], device=words.device) < self.prob
-        if not use_sample.any():
-            return words
         probs = torch.softmax(previous_logits.detach().float(), -1)
         return torch.where(use_sample, torch.multinomial(probs, 1).squeeze(1), words)
 
@@ -67,7 +65,7 @@ class CrossEntropy(Objective):
         self._observed: dict[str, Tensor] = {}
 
     def loss(self, decoder: Decoder, batch, key: StepKey) -> tuple[Tensor, dict]:
-        captions = batch.captions[:, :int((batch.captions != 0).sum(1).max())]  # drop pad columns
+        captions = batch.captions[:, :batch.width]  # drop pad columns
         targets = captions[:, 1:]
         ctx = decoder.encode(batch.feats, batch.mask)
         prob = self.config.probability(key.epoch)
@@ -78,7 +76,7 @@ class CrossEntropy(Objective):
                                    batch.mask.repeat_interleave(batch.seq_per_img, 0))
         self._observed = {k: v.detach() for k, v in terms.observed.items()}
         loss = xe + terms.summed / share.tokens
-        return loss, {"xe": xe.item() * share.weight}
+        return loss, {"xe": xe.detach() * share.weight}  # to the host with the step's loss
 
     def after_step(self, decoder: Decoder, batch, key: StepKey) -> dict:
         """The decoder's state follows the global batch's means of what its terms observed."""

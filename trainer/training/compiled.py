@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SHAPES = 24  # compiled variants kept per method (torch._dynamo's recompile limit, at least)
 BACKEND = "inductor"  # torch.compile's; tests take "aot_eager" (the same graphs, no codegen)
+WARM_UP_CALLS = 3  # a shape's first calls: it compiles; CUDA graphs warm up; then record
 
 
 def compile_mode(mode: str, device: torch.device) -> str:

@@ -32,19 +32,40 @@ def train_step(run: Run, batch) -> dict:
     torch.manual_seed(int(np.random.SeedSequence(
         [t.seed, run.epoch, batch.index, run.ranks.rank]).generate_state(1)[0]))
     key = StepKey(t.seed, run.epoch, batch.index)
-    started = time.perf_counter()
     batch = batch.to(run.device)
-    with run.precision.autocast(), compiled.active(run.compiled):
-        loss, stats = run.loss(batch, key)
+    stats = optimizer_step(run.loss, batch, key, run.precision, run.optimizer, t.grad_clip,
+                           run.compiled, run.ranks.world)
+    stats = {**stats, **on_host(run.objective.after_step(run.model, batch, key))}
+    return summed_over_ranks(run, stats)
+
+
+def optimizer_step(loss_of, batch, key: StepKey, precision, optimizer, grad_clip: float,
+                   compiled_steps: compiled.CompiledSteps | None = None, world: int = 1) -> dict:
+    """``loss_of(batch, key)``'s loss, its gradients and the optimiser's update: the step the
+    training loop and the benchmarks time alike. Its statistics come to the host once, at its
+    end (:func:`on_host`): the only wait for the device the step's own code asks for."""
+    started = time.perf_counter()
+    with precision.autocast(), compiled.active(compiled_steps):
+        loss, stats = loss_of(batch, key)
     backward_at = time.perf_counter()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.precision.backward(loss * run.ranks.world)  # DDP averages the ranks' gradients
-    run.precision.step(run.optimizer, t.grad_clip)
+    optimizer.zero_grad(set_to_none=True)
+    precision.backward(loss * world)  # DDP averages the ranks' gradients
+    precision.step(optimizer, grad_clip)
     stepped_at = time.perf_counter()
-    stats = {"loss": loss.item(), **stats, **run.objective.after_step(run.model, batch, key)}
+    stats = on_host({"loss": loss, **stats})
     stats.setdefault("time_forward", backward_at - started)
     stats["time_backward"] = stepped_at - backward_at
-    return summed_over_ranks(run, stats)
+    return stats
+
+
+def on_host(stats: dict) -> dict:
+    """The statistics as numbers, their tensors (the loss, an objective's own) brought to the
+    host in one copy: each ``.item()`` would wait for the device on its own."""
+    tensors = {k: v for k, v in stats.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        return stats
+    values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in tensors.values()])
+    return {**stats, **dict(zip(tensors, values.tolist()))}
 
 
 def summed_over_ranks(run: Run, stats: dict) -> dict:
