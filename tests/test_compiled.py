@@ -21,7 +21,7 @@ from pipeline.captions.prepared import load_captions
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.data import Features
-from trainer.decode import greedy, sample
+from trainer.decode import beam_search, greedy, sample
 from trainer.evaluation.evaluate import load_model
 from trainer.rewards.cider_cache import build_cache
 from trainer.train import Run, train
@@ -30,6 +30,7 @@ from trainer_fixtures import cider_d, make_decoder, make_prepared, write_experim
     write_feature_store
 
 RTOL = 1e-5  # compiled against eager: float32 sums taken in another order
+TINY_TRANSFORMER = {"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -181,8 +182,37 @@ def test_modes_and_a_decoder_whose_state_grows():
     assert compiled.compile_mode("auto", cpu) == "default"
     assert compiled.compile_mode("auto", cuda) == "reduce-overhead"
     assert compiled.compile_mode("max-autotune", cpu) == "max-autotune"
-    model = make_decoder("transformer", {"d_model": 16, "heads": 2, "d_ff": 32, "layers": 1}, 20, 8)
+    model = make_decoder("transformer", TINY_TRANSFORMER, 20, 8)
+    assert set(compiled.CompiledSteps(model, "default").methods) == {"recur", "step"}
+    model.steps_keep_shapes = False  # a decoder that says its state changes shape a word
     assert set(compiled.CompiledSteps(model, "default").methods) == {"recur"}
+
+
+def test_the_transformers_compiled_step_samples_and_searches_as_its_eager_one():
+    """Decoding gives the transformer's cache its room first: one compiled step serves every
+    word (its shapes stay), sampling's log-probabilities and gradients and beam search's
+    captions are the eager ones."""
+    torch.manual_seed(0)
+    model = make_decoder("transformer", TINY_TRANSFORMER, 30, 8)
+    feats, mask = torch.randn(3, 4, 8), torch.ones(3, 4, dtype=torch.bool)
+    steps = compiled.CompiledSteps(model, "default")
+    results = []
+    for compiling in (False, True):
+        torch.manual_seed(1)
+        model.zero_grad()
+        with compiled.active(steps if compiling else None):
+            drawn = sample(model, model.encode(feats, mask), 6, n=2)
+            drawn.logprobs.sum().backward()
+            with torch.no_grad():
+                model.eval()
+                beams = beam_search(model, model.encode(feats, mask), 3, 6).tokens
+                model.train()
+        results.append((drawn, model.out.weight.grad.clone(), beams))
+    (eager, eager_grad, eager_beams), (made, made_grad, made_beams) = results
+    assert not steps.failed
+    assert torch.equal(made.tokens, eager.tokens) and torch.equal(made_beams, eager_beams)
+    torch.testing.assert_close(made.logprobs, eager.logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(made_grad, eager_grad, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -134,8 +134,10 @@ def test_torchrun_with_one_gpu_trains_as_a_plain_process_does(data, tmp_path):
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
+@pytest.mark.parametrize("decoder", ["top_down", "transformer"])
 @pytest.mark.parametrize("objective", ["xe", "scst"])
-def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(data, tmp_path, objective):
+def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(data, tmp_path, objective,
+                                                               decoder):
     """``train.compile: steps`` at ``auto`` (CUDA graphs, inductor's kernels) against eager:
     XE and SCST runs without dropout (inductor draws its own random numbers), the epoch's last
     batch smaller (other shapes: compiled once more); float32 sums reassociated by the fused
@@ -145,7 +147,7 @@ def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(data, tmp_path, o
     from trainer_fixtures import cider_d
 
     prepared, grid = data
-    exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
+    exp = write_experiment(tmp_path / "td.yaml", decoder=decoder, captions=prepared,
                            features=[grid], epochs=2, batch_size=5, device="cuda", log_every=1)
     base = ["decoder.dropout=0"]
     if objective == "scst":

@@ -65,6 +65,35 @@ def test_one_teacher_forced_pass_gives_the_logits_of_the_cached_steps(few, norm_
     assert (forced.alphas[0, :, 3] == 0).all()  # image 0's padded region
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_steps_in_a_cache_with_room_keep_their_shapes_and_give_the_one_pass(few, norm_first):
+    """Decoding's cache (with_room): a slot for every word, the state's shapes the same at every
+    word, its logits and attention those of the growing cache and of teacher forcing; room made
+    after some words keeps them."""
+    feats, mask, captions, vocab_size = few
+    torch.manual_seed(2)
+    model = tiny(vocab_size, norm_first=norm_first).eval()
+    words = captions.shape[1] - 1
+    with torch.no_grad():
+        forced = teacher_forced(model, feats, mask, captions)
+        ctx = model.encode(feats, mask)
+        state = model.init_state(ctx, captions.shape[0])
+        logits, state, _ = model.step(captions[:, 0], state, ctx)  # one word grown, then room
+        stepped, alphas = [logits], [None]
+        state = model.with_room(state, words - 1)
+        shapes = [tuple(t.shape) for t in state]
+        assert shapes[0] == (len(captions), 2, words, 32) and shapes[2] == (len(captions), words)
+        for t in range(1, words):
+            logits, state, alpha = model.step(captions[:, t], state, ctx)
+            assert [tuple(x.shape) for x in state] == shapes
+            stepped.append(logits)
+            alphas.append(alpha)
+    assert bool(state[2].all())  # every slot filled
+    torch.testing.assert_close(forced.logits, torch.stack(stepped, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(forced.alphas[:, 1:], torch.stack(alphas[1:], 1), atol=1e-5,
+                               rtol=1e-5)
+
+
 def test_a_feed_of_the_captions_own_words_is_the_one_pass(few):
     """Scheduled sampling's feed takes the step-by-step path: with the caption's words fed, it
     computes what the one pass does."""

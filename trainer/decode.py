@@ -134,7 +134,7 @@ def tempered(x: Tensor, temperature: float) -> Tensor:
 
 def _step_by_step(decoder: Decoder, ctx: Context, n: int, max_len: int, pick) -> Decoded:
     """``n`` rows of the context's images (n / B each) decoded word by word."""
-    state = decoder.init_state(ctx, n)
+    state = decoder.with_room(decoder.init_state(ctx, n), max_len + 1)
     words = torch.full((n,), BOS_ID, dtype=torch.long, device=state[0].device)
     done = torch.zeros(n, dtype=torch.bool, device=words.device)
     ended = _EndCheck(words.device, max_len + 1)
@@ -206,7 +206,7 @@ def beam_search(decoder: Decoder, ctx: Context, beam_size: int, max_len: int) ->
     without copying the state every step.
     """
     k, b = beam_size, images_of(ctx)
-    state = decoder.init_state(ctx, b * k)
+    state = decoder.with_room(decoder.init_state(ctx, b * k), max_len + 1)
     device = state[0].device
     images = torch.arange(b, device=device)  # the images in the batch, K rows each
     open_ = torch.ones(b, dtype=torch.bool, device=device)  # not settled yet

@@ -346,7 +346,7 @@ def _beam(decoder: Decoder, ctx: Context, config: DecodingConfig, rules: _Rules)
     k, b = config.beam_size, images_of(ctx)
     kg = k // g
     kind, alpha = parse_length_penalty(config.length_penalty)
-    state = decoder.init_state(ctx, b * k)
+    state = decoder.with_room(decoder.init_state(ctx, b * k), config.max_len + 1)
     device = state[0].device
     words = torch.full((b * k,), BOS_ID, dtype=torch.long, device=device)
     scores = torch.full((b, g, kg), float("-inf"), device=device)

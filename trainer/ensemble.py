@@ -78,6 +78,12 @@ class Ensemble(Decoder):
         self.state_lengths = [len(s) for s in states]
         return tuple(t for s in states for t in s)
 
+    def with_room(self, state: State, words: int) -> State:
+        """Each member's state made ready for ``words`` steps (its tensors may change count)."""
+        states = [m.with_room(own, words) for m, own in zip(self.decoders, self.split_state(state))]
+        self.state_lengths = [len(s) for s in states]
+        return tuple(t for s in states for t in s)
+
     def split_state(self, state: State) -> list[State]:
         parts, start = [], 0
         for length in self.state_lengths:

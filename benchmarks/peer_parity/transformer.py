@@ -125,7 +125,9 @@ def our_log_probs(model, feats, mask, words):
     ctx = model.encode(feats, mask)
     captions = torch.cat([words, words[:, :1]], 1)  # forward reads captions[:, :-1]
     forced = F.log_softmax(model(ctx, captions).logits, -1)
-    state, steps = model.init_state(ctx, words.shape[0]), []
+    # word by word as decoding steps it: the cache given a slot for every word first
+    state = model.with_room(model.init_state(ctx, words.shape[0]), words.shape[1])
+    steps = []
     for t in range(words.shape[1]):
         logits, state, _ = model.step(words[:, t], state, ctx)
         steps.append(F.log_softmax(logits, -1))

@@ -185,6 +185,13 @@ class Decoder(nn.Module):
         """The state before the first word of ``rows`` rows, k = rows / B of each image."""
         raise NotImplementedError
 
+    def with_room(self, state: State, words: int) -> State:
+        """``init_state``'s state made ready for up to ``words`` steps, where the decoding knows
+        them: a decoder whose state grows a word a step (the transformer's cache) returns one of
+        shapes that stay the same over those steps (CUDA graphs, torch.compile's fixed shapes);
+        the others' states are of fixed shapes already."""
+        return state
+
     def step(self, words: Tensor, state: State,
              ctx: Context) -> tuple[Tensor, State, Tensor | None]:
         """words [N] -> logits [N, V], the next state, attention [N, L] (or None); N rows of the
@@ -243,7 +250,7 @@ class Decoder(nn.Module):
         """
         if feed is None and self.reads_out_once:
             return self._forward_read_out_once(ctx, captions)
-        state = self.init_state(ctx, captions.shape[0])
+        state = self.with_room(self.init_state(ctx, captions.shape[0]), captions.shape[1] - 1)
         logits: list[Tensor] = []
         alphas: list[Tensor | None] = []
         for t in range(captions.shape[1] - 1):

@@ -42,13 +42,18 @@ Decoding. Teacher forcing is one pass over the whole caption with a causal mask
 cache: the state is ``(keys, values)``, each ``[N, layers, t, d]``, every decoder layer's
 self-attention keys and values of the t words so far (heads merged in the last dim). A step
 projects only its new word, attends over the cached positions and its own, and returns the
-state grown by one position; the word's position is the cache's length. The first dimension
+state grown by one position; the word's position is the cache's length. Decoding (sampling,
+greedy, beam search), which knows how many words it may step, first gives the cache room
+(:meth:`Transformer.with_room`): ``[N, layers, S, d]`` with a slot for every word and a
+``[N, S]`` mask of the filled ones; a step then writes its word's keys and values into the
+first free slot and attends to the filled ones, so the state keeps its shapes from word to
+word (a compiled step, CUDA graphs) and no step reads a value on the host. The first dimension
 is the caption (or beam), so beam search's ``index_select`` reorders each hypothesis's cache
-with it, and compacting the batch drops rows, as for any other state (trainer/decode.py never
-needs a state of fixed size, so none is preallocated). The cross-attention's keys and values
-of the encoded regions are projected once per image in ``encode`` (the context's ``keys`` and
-``values``, ``[B, layers, L, d]``), and the k rows of an image query them together: its
-captions' (or beams') T positions are one sequence of k T queries over its L regions.
+with it, and compacting the batch drops rows, as for any other state. The cross-attention's
+keys and values of the encoded regions are projected once per image in ``encode`` (the
+context's ``keys`` and ``values``, ``[B, layers, L, d]``), and the k rows of an image query
+them together: its captions' (or beams') T positions are one sequence of k T queries over its
+L regions.
 
 Attention pictures: ``alpha`` is the last decoder layer's cross-attention, averaged over the
 heads ([N, L] per step, [N, T, L] under teacher forcing), 0 on padded regions.
@@ -212,18 +217,26 @@ class DecoderLayer(Sublayers):
         self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
 
     def forward(self, x: Tensor, past: tuple[Tensor, Tensor] | None, memory: tuple[Tensor, Tensor],
-                mask: Tensor, weights: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                mask: Tensor, weights: bool, room: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Words x [N, T, d] after the ``past`` positions' keys and values ([N, t, d] each, or
         None: then x is the whole caption, causally masked), the images' regions' keys and values
         ``memory`` [B, L, d] each and ``mask`` [B, L] (N = B k) -> x [N, T, d], this layer's
         keys and values of all t + T positions, the cross-attention [N, T, L] (with
-        ``weights``)."""
+        ``weights``). With ``room`` = (slot, seen), each [N, S] bool, ``past`` is a cache of S
+        slots and x one word: its keys and values go in its ``slot``, and it attends to the
+        slots ``seen`` (the words before it and its own); the cache's S slots are returned."""
         y = self.into(x, 0)
         keys, values = self.self_attention.keys_values(y)  # [N, T, d]
-        if past is not None:
+        seen = None
+        if past is not None and room is not None:  # one word, written in its slot
+            slot, seen = room[0][:, :, None], room[1]
+            keys = torch.where(slot, keys, past[0].to(keys.dtype))  # [N, S, d]
+            values = torch.where(slot, values, past[1].to(values.dtype))
+        elif past is not None:
             keys = torch.cat([past[0].to(keys.dtype), keys], 1)  # [N, t + T, d]
             values = torch.cat([past[1].to(values.dtype), values], 1)
-        x = self.add(x, self.self_attention(y, keys, values, causal=past is None)[0], 0)
+        x = self.add(x, self.self_attention(y, keys, values, seen, causal=past is None)[0], 0)
         n, t, images = x.shape[0], x.shape[1], mask.shape[0]
         queries = self.into(x, 1).reshape(images, -1, x.shape[2])  # an image's rows: [B, k T, d]
         attended, alpha = self.cross_attention(queries, *memory, mask, weights=weights)
@@ -238,7 +251,6 @@ class Transformer(Decoder):
     (one teacher-forced pass; a key/value cache when decoding word by word)."""
 
     Config = TransformerConfig
-    steps_keep_shapes = False  # the cache grows a word a step: train.compile leaves step eager
 
     def __init__(self, config: TransformerConfig, vocab_size: int, feature_dim: int):
         super().__init__(config, vocab_size, feature_dim)
@@ -272,6 +284,18 @@ class Transformer(Decoder):
         empty = ctx["keys"].new_zeros(rows, len(self.decoder), 0, self.config.d_model)
         return empty, empty  # no word yet: keys, values [N, layers, 0, d]
 
+    def with_room(self, state: State, words: int) -> State:
+        """The cache with a slot for each of ``words`` words: keys, values [N, layers, t +
+        words, d] (the t words so far first) and which slots hold a word, [N, t + words] bool.
+        A step then writes its word in the first free slot: the state keeps its shapes."""
+        keys, values = state
+        n, layers, t, d = keys.shape
+        room = keys.new_zeros(n, layers, t + words, d), values.new_zeros(n, layers, t + words, d)
+        room[0][:, :, :t], room[1][:, :, :t] = keys, values
+        filled = torch.zeros(n, t + words, dtype=torch.bool, device=keys.device)
+        filled[:, :t] = True
+        return room[0], room[1], filled
+
     def embed(self, words: Tensor, start: int) -> Tensor:
         """Word ids [N, T] at positions start.. -> sqrt(d) W_e y + PE, [N, T, d]."""
         positions = torch.arange(start, start + words.shape[1], device=words.device)
@@ -279,14 +303,16 @@ class Transformer(Decoder):
             positions, self.config.d_model)
         return self.word_dropout(x)
 
-    def decode(self, x: Tensor, ctx: Context, state: State | None):
+    def decode(self, x: Tensor, ctx: Context, state: State | None,
+               room: tuple[Tensor, Tensor] | None = None):
         """The decoder stack over words x [N, T, d] -> hidden [N, T, d], each layer's keys and
-        values, the last layer's cross-attention [N, T, L]."""
+        values, the last layer's cross-attention [N, T, L] (``room``: a word's slot and the
+        slots it sees in a cache with room, :meth:`with_room`)."""
         keys, values, alpha = [], [], None
         for i, layer in enumerate(self.decoder):
             past = None if state is None else (state[0][:, i], state[1][:, i])
             x, k, v, alpha = layer(x, past, (ctx["keys"][:, i], ctx["values"][:, i]), ctx["mask"],
-                                   weights=i == len(self.decoder) - 1)
+                                   weights=i == len(self.decoder) - 1, room=room)
             keys.append(k)
             values.append(v)
         return self.decoder_norm(x), keys, values, alpha
@@ -300,7 +326,22 @@ class Transformer(Decoder):
         return DecoderOutput(ReadOut(hidden, self.out), alphas)  # [N, T, V], [N, T, L]
 
     def step(self, words: Tensor, state: State, ctx: Context):
+        if len(state) == 3:
+            return self.step_in_room(words, state, ctx)
         x = self.embed(words[:, None], state[0].shape[2])  # [N, 1, d] at position t
         hidden, keys, values, alpha = self.decode(x, ctx, state)
         state = torch.stack(keys, 1), torch.stack(values, 1)  # [N, layers, t + 1, d]
+        return self.out(hidden[:, 0]), state, alpha[:, 0]
+
+    def step_in_room(self, words: Tensor, state: State, ctx: Context):
+        """A step on a cache with room (:meth:`with_room`): the word's position is the count of
+        filled slots, its slot the first free one; no shape depends on it (nor a branch)."""
+        filled = state[2]
+        position = filled.sum(1)  # [N]
+        slot = torch.arange(filled.shape[1], device=filled.device) == position[:, None]
+        x = self.word_embed(words) * math.sqrt(self.config.d_model) + sinusoid(
+            position, self.config.d_model)
+        x = self.word_dropout(x[:, None])  # [N, 1, d]
+        hidden, keys, values, alpha = self.decode(x, ctx, state, room=(slot, filled | slot))
+        state = torch.stack(keys, 1), torch.stack(values, 1), filled | slot
         return self.out(hidden[:, 0]), state, alpha[:, 0]
