@@ -53,6 +53,7 @@ def test_the_plug_packages_are_the_ones_the_toolkit_names():
     assert PLUG_PACKAGES == {
         "pipeline.captions.lemmatizers": ["LEMMATIZERS"],
         "pipeline.captions.vocab_rules": ["VOCAB_RULES"],
+        "pipeline.engine.launchers": ["LAUNCHERS"],
         "pipeline.features.detectors.rules": ["RULES"],
         "pipeline.features.extract.kinds": ["EXTRACTORS"],
         "pipeline.features.interchange.formats": ["FORMATS", "WRITERS"],

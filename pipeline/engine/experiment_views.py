@@ -80,15 +80,37 @@ def settings_text(params: dict[str, Any]) -> str:
 
 def listing(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[str]]:
     """``exp list``: one row per experiment: its settings (baseline's value first), the state
-    of its own stages, its roots, when it was made."""
+    of its own stages, its roots, when it was made, and, when a launcher submitted one of its
+    stages as a job (``--launcher slurm``), the job's id and state."""
     rows = [["experiment", "settings (baseline -> experiment)", "own stages", "set on", "made"]]
+    jobs = [jobs_text(p.workdir) for p in pipelines]
     for p in pipelines:
         was = baseline_values(baseline, p.experiment)
         settings = " ".join(f"{k}: {was.get(k, '?')} -> {v}"
                             for k, v in p.experiment.params.items())
         rows.append([p.experiment.name, settings, own_state(p), ", ".join(p.experiment.roots),
                      p.experiment.created])
+    if any(jobs):
+        rows[0].append("job")
+        for row, text in zip(rows[1:], jobs):
+            row.append(text or "-")
     return rows
+
+
+def jobs_text(folder: Path) -> str:
+    """The jobs submitted to run stages in ``folder``: ``slurm 4242 RUNNING`` (its stage
+    named when the folder has several)."""
+    from pipeline.engine.launchers import LAUNCHERS
+    from pipeline.engine.sweeps import job_records
+
+    records = list(job_records(folder))
+    said = []
+    for record in records:
+        launcher = LAUNCHERS.get(record["launcher"]) if record["launcher"] in LAUNCHERS else None
+        state = launcher.job_state(record) if launcher is not None else "unknown"
+        stage = f" ({record['stage']})" if len(records) > 1 else ""
+        said.append(f"{record['launcher']} {record['job_id']} {state}{stage}")
+    return "; ".join(said)
 
 
 def show(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[str]]:

@@ -25,6 +25,7 @@ names a folder outside ``exps/``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -42,7 +43,7 @@ from pipeline.core.errors import CapstackError, shown
 from pipeline.core.regular import NotRegular, read_text
 from pipeline.core.runlock import holding_all
 from pipeline.core.yamlfile import check_expanded
-from pipeline.engine.stagefile import Stage, StagesFile, parse_assignment
+from pipeline.engine.stagefile import Stage, StagesFile, parse_values
 from pipeline.engine.stages import Pipeline, StageStatus, same_value
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")  # whole: fullmatch (``$`` l
 _STATE = {".capstack", MANIFEST}  # an experiment's own bookkeeping, never a link
 MAX_SEEDS = 100  # seeds one --seeds may name: each is a run, most an experiment of its own
 MAX_SEED = 2**32 - 1  # the largest seed (train.seed's bound)
+MAX_RUNS = 1000  # runs one command may plan: a grid's points times its seeds
 
 
 @dataclass(frozen=True)
@@ -494,11 +496,11 @@ def mirror(workdir: Path, folder: Path, own_outs: Iterable[str]) -> None:
     for holder in sorted(holders, key=len):
         here = folder / holder
         if here.is_symlink():
-            here.unlink()
+            here.unlink(missing_ok=True)  # several runs of a group mirror its folder at once
         here.mkdir(exist_ok=True)
     for out in own:
         if (folder / out).is_symlink():
-            (folder / out).unlink()
+            (folder / out).unlink(missing_ok=True)
 
     def visit(relative: Path) -> None:
         source = workdir / relative
@@ -524,15 +526,32 @@ def _link(path: Path, target: Path) -> None:
     if path.is_symlink():
         if os.readlink(path) == relative:
             return
-        path.unlink()
+        path.unlink(missing_ok=True)  # missing: another run of the group relinked it first
     elif path.exists():
         return
-    path.symlink_to(relative)
+    with contextlib.suppress(FileExistsError):  # made by another run of the group at once
+        path.symlink_to(relative)
 
 
-def settings_of(text: Iterable[str], stage: Stage, file: StagesFile) -> dict[str, Any]:
-    """``--set NAME=VALUE`` words as the params they set on ``stage``, typed like its own."""
-    return dict(parse_assignment(t, stage, file.path) for t in text)
+def grid_of(text: Iterable[str], stage: Stage, file: StagesFile, runs_each: int = 1
+            ) -> list[dict[str, Any]]:
+    """``--set`` words as the grid of settings they list (``lr=1e-4,5e-4``:
+    stagefile.parse_values), one mapping per point, the first name's values outermost;
+    ``[{}]`` for none. A name given again keeps its last values, as a setting given again
+    does. Counted before it is made: with ``runs_each`` runs a point (its seeds), at most
+    ``MAX_RUNS``."""
+    axes: dict[str, list[Any]] = {}
+    for t in text:
+        key, values = parse_values(t, stage, file.path)
+        axes[key] = values
+    points = 1
+    for values in axes.values():
+        points *= len(values)
+    if points * max(1, runs_each) > MAX_RUNS:
+        raise CapstackError(f"--set: a grid of {points} settings"
+                            f"{f' times {runs_each} seeds' if runs_each > 1 else ''} is more than "
+                            f"the {MAX_RUNS} runs one command plans")
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 # -- what `capstack run` is asked -----------------------------------------------------------
@@ -580,16 +599,40 @@ def runs_asked(pipeline: Pipeline, stage_name: str, assignments: Iterable[str],
     ``--name``, ``--set`` makes one named by its settings; with ``--seeds``, one run per seed,
     each seed other than the stage's own an experiment of its own (``NAME-seedS``; ``seedS``
     for the baseline's settings) whose report rows are ``NAME``'s (the baseline's) at that
-    seed."""
+    seed. A ``--set`` listing several values (:func:`grid_of`) makes one group per point of
+    the grid, each named by its settings (``NAME+`` the settings that vary, with ``--name``),
+    and the seeds cross it."""
+    seeds = list(seeds)
+    stage = pipeline.file.stage(stage_name)
+    grid = grid_of(assignments, stage, pipeline.file, len(seeds))
+    if len(grid) == 1:
+        return _runs_at(pipeline, stage_name, grid[0], name, seeds)
+    varying = [k for k in grid[0] if any(not same_value(p[k], grid[0][k]) for p in grid)]
+    runs: list[Experiment | None] = []
+    for point in grid:
+        group = f"{name}+{auto_name({k: point[k] for k in varying})}" if name \
+            else auto_name(point)
+        runs += _runs_at(pipeline, stage_name, point, group, seeds)
+    names = [r.name for r in runs if r is not None]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice:
+        raise CapstackError(f"--set: two points of the grid would both be experiment '{twice}' "
+                            f"(a name keeps letters, digits and '_.+-' of the values); give "
+                            f"values that differ there")
+    return runs
+
+
+def _runs_at(pipeline: Pipeline, stage_name: str, asked: dict[str, Any], name: str | None,
+             seeds: list[int]) -> list[Experiment | None]:
+    """:func:`runs_asked` at one point of the grid: the settings ``asked``."""
     file, workdir = pipeline.file, pipeline.workdir
     stage = file.stage(stage_name)
-    params = asked = settings_of(assignments, stage, file)
+    params = asked
     roots: tuple[str, ...] = (stage_name,) if params or seeds else ()  # set on this stage
     if name and not params and (folder_of(workdir, name) / MANIFEST).is_file():
         existing = read_experiment(workdir, name)
         params, roots = existing.params, (*existing.roots, *roots)
     group = name or (auto_name(params) if params else "")
-    seeds = list(seeds)
     if not seeds:
         return [open_experiment(workdir, group, params, roots) if group else None]
     if "seed" not in stage.params:
