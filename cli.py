@@ -857,7 +857,12 @@ def decoding_options(command):
 @click.argument("targets", nargs=-1, required=True, type=click.Path(path_type=Path),
                 metavar="TARGET...")
 @click.option("--refs", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Score TARGET as a COCO results file against these references.")
+              help="Score TARGET as a results file (COCO's format, self-critical.pytorch's "
+                   "eval output, capstack's own) against these references: with --out, an "
+                   "evaluation that report and report --compare read as a run's.")
+@click.option("--name", default=None,
+              help="With --refs: the approach the report names it [TARGET's file name "
+                   "without .json].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where results, metrics.json and figures go [evals/NAME beside the runs/ "
                    "folder holding RUN, as the stages write it: runs/top_down -> "
@@ -879,23 +884,24 @@ def decoding_options(command):
                    "theirs (one vocabulary, the same features) [evals/ensemble-A+B-DIGEST "
                    "beside the first run's].")
 @decoding_options
-def evaluate_cmd(targets, refs, out_dir, split, beam_size, max_len, figures, max_refs, device,
-                 ensemble, decoding):
+def evaluate_cmd(targets, refs, name, out_dir, split, beam_size, max_len, figures, max_refs,
+                 device, ensemble, decoding):
     """Beam-search a checkpoint (or run folder) on a split and score it, as the experiment's
     eval: section says unless options override it; several with --ensemble, as one model; or
     score RESULTS --refs REFS. The decoding options (--search, --sample-method, ..., --n) are
     docs/training.md's "Decoding options"."""
-    from trainer.evaluation.evaluate import (check_evaluation_replaceable, evaluate_checkpoint,
-                                             evaluation_folder_written)
+    from trainer.evaluation.evaluate import evaluate_checkpoint, evaluate_results
     from trainer.runs import evaluation_folder
-    from trainer.scoring.metrics import score_files
 
     target = several_need_ensemble(targets, ensemble, "TARGET")
+    if name is not None and refs is None:
+        raise click.UsageError("--name: only with --refs (a run's evaluation is named by its "
+                               "experiment)")
     if refs is not None:
         if ensemble:
             raise click.UsageError("--ensemble: only for runs; with --refs TARGET is a results "
                                    "file, already decoded")
-        given = [name for name, value in (("--split", split), ("--beam", beam_size),
+        given = [flag for flag, value in (("--split", split), ("--beam", beam_size),
                                           ("--max-len", max_len), ("--figures", figures))
                  if value is not None]
         given += [flag.split("/")[0] for flag, (field, _) in DECODING_OPTIONS.items()
@@ -903,16 +909,7 @@ def evaluate_cmd(targets, refs, out_dir, split, beam_size, max_len, figures, max
         if given:
             raise click.UsageError(f"{', '.join(given)}: only for a checkpoint; with --refs "
                                    f"TARGET is a results file, already decoded")
-        if out_dir:
-            check_evaluation_replaceable(out_dir)
-        scores, statistics = score_files(target, refs, max_refs=max_refs or 0)
-        if out_dir:  # what the line below says was written, the two files together
-            from pipeline.core.jsonfile import write_json
-            from trainer.scoring.metrics import STATISTICS_FILE
-
-            with evaluation_folder_written(out_dir) as folder:
-                write_json(folder / "metrics.json", scores)
-                write_json(folder / STATISTICS_FILE, statistics, indent=None)
+        scores = evaluate_results(target, refs, out_dir, name=name, max_refs=max_refs or 0)
     else:
         out_dir = out_dir or (ensemble_folder(targets, evaluation_folder) if ensemble
                               else evaluation_folder(target))
@@ -1035,30 +1032,70 @@ def cider_cache_cmd(prepared, split, out):
                    "EVAL, with the 95% interval of the paired bootstrap over the images; "
                    "a row over seeds against a row over the same seeds only, else n/a "
                    "and why below the table.")
-def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe, baseline):
+@click.option("--gallery", default=None, type=click.Path(path_type=Path), metavar="EVAL",
+              help="The evaluation whose captions OUT/index.html lists, image by image [the "
+                   "first reported].")
+@click.option("--figure", "figure", default=None, type=click.IntRange(1, 100), metavar="K",
+              help="--compare: OUT/figure.png and figure.pdf, K images with A's and B's "
+                   "captions under each, the first K as OUT/index.html ranks them (A's largest "
+                   "CIDEr wins first).")
+@click.option("--images", default=None, metavar="ID,...",
+              help="--compare: the figure of these images (ids, by commas) instead.")
+def report_cmd(metrics, out_dir, compare, resamples, seed, versus_xe, baseline, gallery, figure,
+               images):
     """One table of every evaluated experiment (metrics.json files or their folders, or
     patterns of them: 'exps/seed*/evals/top_down'), in %; rows of one recipe differing only
     in their seed are one, over the seeds; with --compare A B, whether A's difference from B
-    is real on these images."""
+    is real on these images. OUT/index.html shows it in a browser: the table, the training
+    curves and one evaluation's captions; with --compare, the images where A's and B's
+    captions differ, ranked (with both, the comparison's page is OUT/compare.html)."""
     if not metrics and not compare:
         raise click.UsageError("name the evaluations to report (METRICS...), or --compare A B")
+    chosen = _image_ids(images)
+    if (figure or chosen) and not compare:
+        raise click.UsageError("--figure, --images: a figure of two systems' captions; add "
+                               "--compare A B")
+    if figure and chosen and figure != len(chosen):
+        raise click.UsageError(f"--figure {figure} --images {images}: {len(chosen)} images "
+                               f"named; name {figure}, or leave --figure out")
+    if gallery and not metrics:
+        raise click.UsageError("--gallery: the report's page (METRICS...); --compare's page "
+                               "lists both systems' captions")
     if metrics:
         from trainer.evaluation.report import expand_evaluations, write_report
 
         files = expand_evaluations(metrics)
         csv_path, md_path = write_report(files, out_dir, versus_xe,
-                                         str(baseline) if baseline else None)
+                                         str(baseline) if baseline else None, page="index.html",
+                                         gallery=gallery)
         click.echo(md_path.read_text().rstrip())
-        click.echo(f"-> {csv_path}, {md_path}")
+        click.echo(f"-> {csv_path}, {md_path}, {out_dir / 'index.html'}")
     if compare:
         from trainer.evaluation.compare import write_comparison
         from trainer.evaluation.report import expand_evaluations
 
         a, b = (expand_evaluations(str(side).split(",")) for side in compare)
-        json_path, md_path, text = write_comparison(a, b, out_dir, resamples=resamples,
-                                                    seed=seed)
-        click.echo(text.rstrip())
-        click.echo(f"-> {json_path}, {md_path}")
+        written = write_comparison(a, b, out_dir, resamples=resamples, seed=seed,
+                                   page="compare.html" if metrics else "index.html",
+                                   figure=figure or 0, images=chosen)
+        click.echo(written.text.rstrip())
+        click.echo(f"-> {', '.join(map(str, [written.json, written.markdown, written.page]))}")
+        if written.figure:
+            click.echo(f"-> {', '.join(map(str, written.figure))}")
+
+
+def _image_ids(given: str | None) -> list[int]:
+    """``--images 12,15``: the ids, in order."""
+    if given is None:
+        return []
+    try:
+        ids = [int(part) for part in given.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{given!r}: image ids by commas (12,15)",
+                                 param_hint="--images") from None
+    if not ids:
+        raise click.BadParameter("no image id", param_hint="--images")
+    return ids
 
 
 @main.command("inspect")
@@ -1239,6 +1276,18 @@ def _demo_summary(targets, statuses: dict, demo: set[str]) -> str:
             f"{counted(others)}")
 
 
+class LaunchersOption(click.Option):
+    """``--launcher``: its help lists the registered launchers, each with its summary (read
+    from the registry when help is shown)."""
+
+    def get_help_record(self, ctx):
+        from pipeline.engine.launchers import LAUNCHERS
+
+        self.help = (self.help or "").split(" Launchers: ")[0] + " Launchers: " + "; ".join(
+            f"{name}: {summary.rstrip('.')}" for name, summary in LAUNCHERS.summaries()) + "."
+        return super().get_help_record(ctx)
+
+
 @main.command("run")
 @click.argument("stage")
 @_stages_options
@@ -1248,36 +1297,54 @@ def _demo_summary(targets, statuses: dict, demo: set[str]) -> str:
 @click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
               help="Run under an experiment with this param of the stage set (repeatable): "
                    "its outs, and those of what depends on it, in exps/NAME/, the baseline's "
-                   "untouched. Named by the settings unless --name names it.")
+                   "untouched. Named by the settings unless --name names it. Several values "
+                   "(lr=1e-4,5e-4; a string's as a YAML list: 'config=[a.yaml, b.yaml]') make "
+                   "a grid of experiments.")
 @click.option("--name", "experiment", default=None, metavar="NAME",
               help="Run under experiment NAME (made with the --set settings when new; the "
                    "same name again must have the same).")
 @click.option("--seeds", default=None, metavar="0,1,2",
               help="Run once per seed (the stage's param 'seed'; 0-4 is 0,1,2,3,4): a seed "
                    "other than the stage's own runs as experiment seedS (NAME-seedS).")
+@click.option("--jobs", type=click.IntRange(1, 1024), default=None,
+              help="Run the experiments N at a time, each its own processes, the CPU cores "
+                   "divided between them (--launcher jobs unless another is named).")
+@click.option("--devices", default=None, metavar="0,1,2,3",
+              help="GPUs for --jobs (and --launcher local): one to each process, round robin "
+                   "(CUDA_VISIBLE_DEVICES).")
+@click.option("--launcher", "launcher_name", default=None, cls=LaunchersOption,
+              type=NamesOf("pipeline.engine.launchers:LAUNCHERS"),
+              help="Where the experiments run [serial; jobs with --jobs or --devices].")
+@click.option("--slurm-partition", default=None, help="--launcher slurm: the partition.")
+@click.option("--gpus-per-job", type=click.IntRange(1, 64), default=None,
+              help="--launcher slurm: GPUs of each job.")
+@click.option("--time", "time_limit", default=None, metavar="MINUTES|H:MM:SS",
+              help="--launcher slurm (or local): each job's time limit; a job that reaches it "
+                   "stops where it can resume and is requeued.")
+@click.option("--slurm", "slurm_params", multiple=True, metavar="NAME=VALUE",
+              help="--launcher slurm: another of submitit's SlurmExecutor parameters "
+                   "(cpus_per_task=8, mem=32G, account=lab; repeatable).")
 @outs_outside_option
 def run_cmd(stage, stages_path, workdir, force, with_deps, assignments, experiment, seeds,
-            outs_outside_workdir):
+            jobs, devices, launcher_name, slurm_partition, gpus_per_job, time_limit,
+            slurm_params, outs_outside_workdir):
     """Run one STAGE, unless it is up to date; with --set, --name or --seeds, as named
-    experiments beside the baseline (`capstack exp list`)."""
-    from pipeline.engine.experiments import parse_seeds, pipeline_of, running_in, runs_asked
+    experiments beside the baseline (`capstack exp list`); with --jobs or --launcher, side by
+    side (docs/scale-out.md)."""
+    from pipeline.engine.experiments import parse_seeds
+    from pipeline.engine.launchers import choose, options_from
+    from pipeline.engine.sweeps import plan
 
+    options = options_from(jobs, devices, slurm_partition, gpus_per_job, time_limit,
+                           slurm_params)
+    launcher = choose(launcher_name, options)
     pipeline = _pipeline(stages_path, workdir, outs_outside_workdir)
-    asked = runs_asked(pipeline, stage, assignments, experiment,
-                       parse_seeds(seeds) if seeds else ())
-    # every run checked before the first runs; an experiment's folder is made when it runs
-    planned = [(run, pipeline if run is None else pipeline_of(pipeline, run)) for run in asked]
-    for run, where in planned:
-        if seeds and run is not None and run.name != run.group and stage not in where.own:
-            raise CapstackError(f"--seeds: experiment {run.name} does not change stage "
-                                f"'{stage}' (its seed is set on {', '.join(run.roots)}); run "
-                                f"the seeds on a stage upstream of it first")
-    for run, where in planned:
-        if len(asked) > 1 or run is not None:  # where each run's outs go
-            click.echo("== baseline" if run is None else
-                       f"== experiment {run.name}: {where.workdir.relative_to(pipeline.workdir)}/")
-        with running_in(run):
-            where.run(stage, force=force, with_deps=with_deps, report=click.echo)
+    sweep = plan(pipeline, stage, assignments, experiment, parse_seeds(seeds) if seeds else (),
+                 force=force, with_deps=with_deps)
+    outcome = launcher.launch(sweep, options, click.echo)
+    if outcome.failed:
+        raise CapstackError(f"{len(outcome.failed)} of {len(sweep.runs)} runs failed: "
+                            + "; ".join(outcome.failures()))
 
 
 @main.group("exp")
@@ -1306,15 +1373,19 @@ def _echo_table(rows) -> None:
 @exp_group.command("list")
 @_stages_options
 def exp_list_cmd(stages_path, workdir):
-    """Each experiment: its settings against the baseline's, the state of its own stages."""
-    from pipeline.engine.experiment_views import listing
+    """Each experiment: its settings against the baseline's, the state of its own stages, and
+    the job a launcher submitted for it (its id and state)."""
+    from pipeline.engine.experiment_views import jobs_text, listing
 
     baseline, pipelines = _experiments(stages_path, workdir)
     if not pipelines:
         click.echo(f"no experiments in {baseline.workdir} (make one: capstack run STAGE "
                    f"--set NAME=VALUE --name NAME)")
-        return
-    _echo_table(listing(baseline, pipelines))
+    else:
+        _echo_table(listing(baseline, pipelines))
+    jobs = jobs_text(baseline.workdir)
+    if jobs:
+        click.echo(f"the baseline's jobs: {jobs}")
 
 
 @exp_group.command("show")

@@ -67,3 +67,13 @@ class Capstack:
 @pytest.fixture
 def capstack(tmp_path) -> Capstack:
     return Capstack(tmp_path)
+
+
+@pytest.fixture
+def no_java(monkeypatch, tmp_path):
+    """PATH without java, so java_missing() reports it and nothing can start Java: scoring
+    tokenizes with the simple tokenizer, METEOR reads n/a (fast, and the same on any machine)."""
+    from trainer.scoring.text import java_missing
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert java_missing() == "java not found"

@@ -101,20 +101,23 @@ def test_bleu_statistics_on_a_subset_are_that_subsets_corpus_bleu():
     assert Bleu().aggregate(full[rows].sum(axis=0), 3) == pytest.approx(values, rel=1e-12)
 
 
-def evaluation(tmp_path, name: str, candidates: dict[int, str]):
-    """`capstack evaluate RESULTS --refs REFS --out DIR`: a folder report --compare reads."""
+def evaluation(tmp_path, name: str, candidates: dict[int, str], *args: str):
+    """`capstack evaluate RESULTS --refs REFS --out DIR [ARGS]`, RESULTS named NAME.json: a
+    folder report and report --compare read as they are written (approach NAME)."""
     results = tmp_path / f"{name}.json"
     results.write_text(json.dumps([{"image_id": k, "caption": v}
                                    for k, v in candidates.items()]))
+    return scored(tmp_path, results, tmp_path / name, *args)
+
+
+def scored(tmp_path, results, out, *args: str):
+    """`capstack evaluate RESULTS --refs REFS --out OUT [ARGS]` against :data:`REFS`."""
     refs = tmp_path / "refs.json"
     refs.write_text(json.dumps({"images": [{"id": k} for k in REFS], "annotations": [
         {"image_id": k, "caption": c} for k, caps in REFS.items() for c in caps]}))
-    out = tmp_path / name
     done = CliRunner().invoke(cli.main, ["evaluate", str(results), "--refs", str(refs),
-                                         "--out", str(out)], catch_exceptions=False)
+                                         "--out", str(out), *args], catch_exceptions=False)
     assert done.exit_code == 0, done.output
-    doc = json.loads((out / "metrics.json").read_text())
-    (out / "metrics.json").write_text(json.dumps({**doc, "approach": name}))
     return out
 
 
@@ -396,3 +399,84 @@ def test_versus_xe_takes_the_xe_row_decoded_alike_and_names_an_ambiguous_one(tmp
     assert code == 0, output
     assert table["rows"][2]["CIDEr vs XE (95%)"] == "n/a"
     assert any("2 XE rows of this approach" in note for note in table["notes"])
+
+
+# -- any toolkit's captions join the table ------------------------------------------------------
+
+def independent_cider_bootstrap(a: dict[int, str], b: dict[int, str], *, resamples: int,
+                                seed: int) -> tuple[float, float, float]:
+    """A - B of CIDEr-D and its 95 % interval, computed apart from capstack's scoring and
+    bootstrap: pycocoevalcap's scorer on the simply tokenized captions (what scoring does
+    without Java), then each resample's images drawn as indices (numpy's generator, drawn
+    as trainer/scoring/bootstrap.py draws them, 100 resamples at a time) and averaged."""
+    from pycocoevalcap.cider.cider import Cider as Scorer
+
+    from trainer.scoring.text import simple_tokenize
+
+    refs = {k: [simple_tokenize(c) for c in REFS[k]] for k in a}
+    per_image = [np.asarray(Scorer().compute_score(refs, {k: [simple_tokenize(c[k])]
+                                                           for k in a})[1]) for c in (a, b)]
+    gain = per_image[0] - per_image[1]  # each image's A - B, in A's order
+    rng, drawn = np.random.default_rng(seed), []
+    for start in range(0, resamples, 100):
+        draws = rng.integers(0, len(gain), size=(min(100, resamples - start), len(gain)))
+        drawn += [float(np.mean(gain[row])) for row in draws]
+    low, high = np.quantile(drawn, [0.025, 0.975])
+    return float(np.mean(gain)), float(low), float(high)
+
+
+def test_two_results_files_compare_as_written_and_agree_with_an_independent_bootstrap(
+        tmp_path, no_java):
+    """`evaluate RESULTS --refs` of two results files, then `report --compare`, no hand edit:
+    the approaches are the files' names, and CIDEr's A - B and interval are those of a
+    bootstrap computed apart."""
+    good, poor = evaluation(tmp_path, "good", GOOD), evaluation(tmp_path, "poor", POOR)
+    done = CliRunner().invoke(cli.main, ["report", "--compare", str(good), str(poor), "--out",
+                                         str(tmp_path / "r"), "--resamples", "400",
+                                         "--seed", "7"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    written = json.loads((tmp_path / "r" / "compare.json").read_text())
+    assert (written["a"]["label"], written["b"]["label"]) == ("good", "poor")
+    cider = next(d for d in written["differences"] if d["value"] == "CIDEr")
+    difference, low, high = independent_cider_bootstrap(GOOD, POOR, resamples=400, seed=7)
+    assert cider["difference"] == pytest.approx(difference, abs=1e-12)
+    assert (cider["low"], cider["high"]) == pytest.approx((low, high), abs=1e-12)
+    assert low > 0
+
+
+def test_a_results_evaluation_keeps_its_captions_and_is_a_row_of_the_table(tmp_path, no_java):
+    """self-critical.pytorch's eval output ({overall, imgToEval}) and a ranked capstack results
+    file, each evaluated with --name: the captions kept in COCO's format beside the
+    statistics, and rows of `report` and its --baseline column."""
+    sc = tmp_path / "sc_updown_test.json"
+    sc.write_text(json.dumps({"overall": {"CIDEr": 0.5}, "imgToEval": {
+        str(k): {"image_id": k, "caption": c, "CIDEr": 0.5} for k, c in POOR.items()}}))
+    ranked = tmp_path / "results_test.json"
+    ranked.write_text(json.dumps([{"image_id": k, "caption": c, "rank": r}
+                                  for k in GOOD for r, c in ((1, GOOD[k]), (2, POOR[k]))]))
+    theirs = scored(tmp_path, sc, tmp_path / "theirs")
+    ours = scored(tmp_path, ranked, tmp_path / "ours", "--name", "top_down beam 5")
+    assert json.loads((theirs / "metrics.json").read_text())["approach"] == "sc_updown_test"
+    kept = json.loads((ours / "results_given.json").read_text())
+    assert kept[:2] == [{"image_id": 1, "caption": GOOD[1], "rank": 1},
+                        {"image_id": 1, "caption": POOR[1], "rank": 2}]
+    assert json.loads((theirs / "results_given.json").read_text())[0] == \
+        {"image_id": 1, "caption": POOR[1]}
+    code, output, table = report(theirs, ours, "--baseline", theirs, tmp_path / "rep")
+    assert code == 0, output
+    cells = {row["Approach"]: row["CIDEr vs sc_updown_test (95%)"] for row in table["rows"]}
+    assert cells["sc_updown_test"] == "-" and float(cells["top_down beam 5"].split()[0]) > 0
+    refused = CliRunner().invoke(cli.main, ["evaluate", str(sc), "--name", "x"])
+    assert refused.exit_code == 2 and "--name: only with --refs" in refused.output
+
+
+def test_evaluations_over_seeds_that_record_no_seed_are_named(tmp_path, no_java):
+    """Comma lists of results evaluations (no seed recorded): the message names what it
+    found, not blank seeds."""
+    a = [evaluation(tmp_path, f"a{k}", GOOD) for k in (1, 2)]
+    b = [evaluation(tmp_path, f"b{k}", POOR) for k in (1, 2)]
+    done = CliRunner().invoke(cli.main, ["report", "--compare", ",".join(map(str, a)),
+                                         ",".join(map(str, b)), "--out", str(tmp_path / "r")])
+    assert done.exit_code == 1
+    assert f"A's seeds (none in {a[0]}, none in {a[1]}) and B's (none in {b[0]}, none in " \
+           f"{b[1]})" in done.output and "4 record no seed" in done.output

@@ -58,13 +58,6 @@ def perfect() -> dict:
     return M.score(PERFECT, REFS)
 
 
-@pytest.fixture
-def no_java(monkeypatch, tmp_path):
-    """PATH without java, so java_missing() reports it and nothing can start Java."""
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert T.java_missing() == "java not found"
-
-
 # ---------------------------------------------------------------- tokenizing
 
 def test_simple_tokenize_strips_punctuation_and_lowercases():
@@ -203,6 +196,9 @@ def _write(path: Path, data) -> Path:
     ([{"image_id": 1, "caption": "x"}, {"image_id": 2}], "entry 1"),
     ([{"image_id": "1", "caption": "x"}], "image_id"),
     ([{"image_id": 1, "caption": "x"}, {"image_id": 1, "caption": "y"}], "duplicate"),
+    ([{"image_id": 7, "caption": "x", "rank": 2}] * 2, "entry 1: rank 2 of image_id 7 twice"),
+    ([{"image_id": 7, "caption": "x", "rank": 2}], "image_id 7 has captions but none of rank 1"),
+    ({"overall": {}, "imgToEval": {"7": {"image_id": 7}}}, "entry 0: missing 'caption'"),
 ])
 def test_load_results_errors_name_the_file(tmp_path, content, problem):
     path = _write(tmp_path / "results.json", content)

@@ -10,7 +10,7 @@ resamples in which A is ahead, in percent as the report's table shows values.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -84,10 +84,18 @@ def paired(a: Sequence[Evaluation], b: Sequence[Evaluation]
                                 f"compare one recipe's runs")
     by_a, by_b = {e.seed: e for e in a}, {e.seed: e for e in b}
     if len(by_a) != len(a) or len(by_b) != len(b) or set(by_a) != set(by_b):
-        raise CapstackError(f"A's seeds ({', '.join(e.seed for e in a)}) and B's "
-                            f"({', '.join(e.seed for e in b)}): compare runs over the same "
-                            f"seeds, each once")
+        unseeded = [e for e in (*a, *b) if not e.seed]
+        why = (f"; {len(unseeded)} record no seed (metrics.json's setting.seed; an evaluation "
+               f"of a results file records none): compare them one a side"
+               if unseeded else "")
+        raise CapstackError(f"A's seeds ({seeds_found(a)}) and B's ({seeds_found(b)}): "
+                            f"compare runs over the same seeds, each once{why}")
     return [(by_a[s], by_b[s]) for s in sorted(by_a, key=lambda s: (len(s), s))]
+
+
+def seeds_found(evaluations: Sequence[Evaluation]) -> str:
+    """Each evaluation's seed as a message names it: ``0``, or ``none in FOLDER``."""
+    return ", ".join(e.seed or f"none in {e.folder}" for e in evaluations)
 
 
 def difference_over(pairs: Sequence[tuple[Evaluation, Evaluation]], value: str, *,
@@ -121,18 +129,39 @@ def markdown(a: Sequence[Evaluation], b: Sequence[Evaluation],
     lines += [f"| {d.value} | {100 * d.a:.1f} | {100 * d.b:.1f} | {100 * d.difference:+.1f} | "
               f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {100 * d.share:.1f}% |"
               for d in differences]
-    over = f" ({len(a)} seeds' images together)" if len(a) > 1 else ""
-    lines += ["", f"Paired bootstrap over {first.images} images{over} (Koehn 2004): "
-                  f"{first.resamples} resamples with replacement, the same for A and B; a tie "
-                  f"counts half."]
+    lines += ["", _method(differences, len(a))]
     return "\n".join(lines) + "\n"
+
+
+def _method(differences: Sequence[Difference], pairs: int) -> str:
+    """How the comparison was computed, in a line."""
+    first = differences[0]
+    over = f" ({pairs} seeds' images together)" if pairs > 1 else ""
+    return (f"Paired bootstrap over {first.images} images{over} (Koehn 2004): "
+            f"{first.resamples} resamples with replacement, the same for A and B; a tie "
+            f"counts half.")
+
+
+class Written(NamedTuple):
+    """What :func:`write_comparison` wrote: compare.json, compare.md (and its text), the page,
+    and the figure's files (none without one)."""
+
+    json: Path
+    markdown: Path
+    text: str
+    page: Path | None
+    figure: list[Path]
 
 
 def write_comparison(a_paths: Sequence[str | Path], b_paths: Sequence[str | Path],
                      out_dir: str | Path, *, resamples: int = RESAMPLES, seed: int = 0,
-                     confidence: float = CONFIDENCE) -> tuple[Path, Path, str]:
+                     confidence: float = CONFIDENCE, page: str | None = "index.html",
+                     figure: int = 0, images: Sequence[int] = ()) -> Written:
     """Compare A's evaluations with B's (one each, or one per seed), write ``compare.json`` and
-    ``compare.md`` in ``out_dir``; (their paths, the markdown)."""
+    ``compare.md`` in ``out_dir``, and the page ``out_dir/page`` (trainer/evaluation/page/:
+    the table, then the images where the captions differ); with ``figure`` (K images, as the
+    page ranks them) or ``images`` (those ids), ``figure.png`` and ``figure.pdf`` of both
+    systems' captions under each image."""
     pairs = paired([read_evaluation(p) for p in a_paths], [read_evaluation(p) for p in b_paths])
     differences = compare_over(pairs, resamples=resamples, seed=seed, confidence=confidence)
     a, b = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -144,7 +173,24 @@ def write_comparison(a_paths: Sequence[str | Path], b_paths: Sequence[str | Path
                            "differences": [d.to_dict() for d in differences]})
     with atomic_file(md_path) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
-    return json_path, md_path, text
+    page_path, drawn = None, []
+    if page or figure or images:
+        from trainer.evaluation.page import compared, write_comparison_page
+
+        result = compared(pairs)
+        if page:
+            lines = text.split("\n")
+            page_path = write_comparison_page(result, differences, lines[:2],
+                                              _method(differences, len(pairs)), out_dir, page)
+        if figure or images:
+            from trainer.evaluation.figures.qualitative import qualitative_figure
+            from trainer.evaluation.page.comparison import figure_examples
+
+            names = (result.labels[0], result.labels[1]) \
+                if result.labels[0] != result.labels[1] else ("A", "B")
+            drawn = qualitative_figure(figure_examples(result, figure, images), names,
+                                       out_dir / "figure.png", out_dir / "figure.pdf")
+    return Written(json_path, md_path, text, page_path, drawn)
 
 
 def _written(evaluations: Sequence[Evaluation]) -> dict:

@@ -11,6 +11,9 @@ trainer/scoring/n_best_diversity.py),
 ``image_statistics.json`` (each image's statistics of the metrics that have some: what
 ``capstack report --compare`` resamples), ``attention/<image id>.png`` for the first few
 images and ``curves.png``.
+
+``evaluate_results`` scores another toolkit's results file into the same kind of folder (its
+captions as ``results_given.json``), which the report reads as it reads a run's.
 """
 
 from __future__ import annotations
@@ -37,14 +40,14 @@ from trainer.data import Features, covered, eval_batches
 from trainer.decoding_options import DecodingConfig
 from trainer.evaluation.ensembles import (RUN_JOIN, LoadedEnsemble, Member, check_same_members,
                                          joined, load_ensemble)
-from trainer.evaluation.evaluations import recipe_digest
+from trainer.evaluation.evaluations import GIVEN_RESULTS, recipe_digest
 from trainer.evaluation.figures import training_curves
 from trainer.evaluation.loaded import load_model
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
-from trainer.scoring.metrics import STATISTICS_FILE, scored_images
+from trainer.scoring.metrics import STATISTICS_FILE, score_files, scored_images
 from trainer.scoring.n_best_diversity import n_best_diversity
-from trainer.scoring.references import load_references
+from trainer.scoring.references import load_ranked_results, load_references
 
 EVAL_BATCH = 50
 N_BEST = "n_best"  # metrics.json's diversity.n_best: the figures over every caption (n > 1)
@@ -141,6 +144,35 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
             training_curves(run_dir / "metrics.jsonl", folder / "curves.png", before=before,
                             labels=(_training_of(before), loaded.members[0].checkpoint["table"]
                                     ["training"]))
+    return metrics
+
+
+def evaluate_results(results: str | Path, references: str | Path, out_dir: str | Path | None,
+                     *, name: str | None = None, max_refs: int = 0, spice: bool = True) -> dict:
+    """Score a results file of any toolkit (COCO's results format, self-critical.pytorch's
+    eval output, capstack's own: :func:`~trainer.scoring.references.load_ranked_results`)
+    against COCO references; with ``out_dir``, written as an evaluation that ``report``,
+    ``report --compare`` and ``--baseline`` read as they read a run's: metrics.json (the
+    approach ``name``, else the file's stem; no training recorded), image_statistics.json,
+    and the captions in COCO's format (:data:`GIVEN_RESULTS`; every rank)."""
+    if out_dir is not None:
+        check_evaluation_replaceable(Path(out_dir))
+    approach = name if name is not None else Path(results).stem
+    if not approach.strip():
+        raise CapstackError(f"--name: {approach!r}: the approach needs a name (the report's "
+                            f"Approach column)")
+    ranked = load_ranked_results(results)
+    scores, statistics = score_files(results, references, spice=spice, max_refs=max_refs)
+    metrics = {"approach": approach, **scores, "setting": {"max_refs": max_refs}}
+    if out_dir is not None:
+        with evaluation_folder_written(Path(out_dir)) as folder:
+            write_json(folder / "metrics.json", metrics)
+            write_json(folder / STATISTICS_FILE, statistics, indent=None)
+            ranks = any(len(captions) > 1 for captions in ranked.values())
+            write_json(folder / GIVEN_RESULTS, [
+                {"image_id": image_id, "caption": caption, **({"rank": rank} if ranks else {})}
+                for image_id, captions in ranked.items()
+                for rank, caption in enumerate(captions, start=1)], indent=None)
     return metrics
 
 

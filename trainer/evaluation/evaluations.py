@@ -15,6 +15,8 @@ from pipeline.core.errors import CapstackError, where
 from pipeline.core.jsonfile import read_json
 from trainer.scoring.metrics import METRICS, STATISTICS_FILE
 
+GIVEN_RESULTS = "results_given.json"  # evaluate RESULTS --refs keeps the captions it scored
+
 
 def setting_of(doc: dict) -> dict:
     """What made a metrics.json's row (evaluate's ``setting``; {} when it records none)."""

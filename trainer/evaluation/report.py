@@ -481,9 +481,12 @@ def expand_evaluations(given: Sequence[Path]) -> list[Path]:
 
 
 def write_report(metric_files: list[Path], out_dir: Path, versus_xe: bool = False,
-                 baseline: str | None = None) -> tuple[Path, Path]:
+                 baseline: str | None = None, *, page: str | None = None,
+                 gallery: str | Path | None = None) -> tuple[Path, Path]:
     """Write out_dir/metrics.csv, metrics.md and report.json (atomically) from metrics.json
-    files (``versus_xe``, ``baseline``: :func:`metrics_table`'s)."""
+    files (``versus_xe``, ``baseline``: :func:`metrics_table`'s); with ``page``, also the
+    page ``out_dir/page`` (trainer/evaluation/page/: the table, the training curves, and the
+    captions of evaluation ``gallery``, the first by default)."""
     if not metric_files:
         raise CapstackError(f"{where(out_dir)}: no metrics files given for the report")
     docs = [read_metrics_doc(p) for p in metric_files]
@@ -504,7 +507,15 @@ def write_report(metric_files: list[Path], out_dir: Path, versus_xe: bool = Fals
                          "training": training_of(d)[0], "family": training_of(d)[1],
                          "setting": setting_of(d), "metrics": d["metrics"]}
                         for p, d in zip(metric_files, docs)]})
+    notes = _unavailable_lines(docs) + _kept_start_lines(docs) + table.attrs["notes"]
     with atomic_file(md_path) as tmp:
-        Path(tmp).write_text(markdown(table, _unavailable_lines(docs) + _kept_start_lines(docs)
-                                      + table.attrs["notes"]), encoding="utf-8")
+        Path(tmp).write_text(markdown(table, notes), encoding="utf-8")
+    if page:
+        from trainer.evaluation.page import write_report_page
+
+        folders = [Path(p).parent for p in metric_files]
+        names = [f"{d['approach']} ({training_of(d)[0]})" if training_of(d)[0]
+                 else str(d["approach"]) for d in docs]
+        write_report_page(_blocks(table), [one_line(n) for n in notes], folders, names,
+                          Path(gallery) if gallery else folders[0], out_dir, page)
     return csv_path, md_path

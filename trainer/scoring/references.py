@@ -50,25 +50,56 @@ def _field(path, entry: Any, index: int, kind: str, name: str, check, expected: 
 
 
 def load_results(path: str | Path) -> dict[int, str]:
-    """A COCO results file (JSON list of {"image_id": int, "caption": str}) as {id: caption}.
-    Entries with a ``rank`` (n captions per image, as ``capstack evaluate`` writes them) count
-    by their rank 1 alone."""
+    """A results file (:func:`load_ranked_results`) as {id: caption}: each image's rank 1."""
+    return {image_id: captions[0] for image_id, captions in load_ranked_results(path).items()}
+
+
+def load_ranked_results(path: str | Path) -> dict[int, list[str]]:
+    """A results file as {id: [caption, ...]}, each image's captions in rank order (one
+    without ranks). Read: COCO's results format (a JSON list of {"image_id": int, "caption":
+    str}, other keys ignored: self-critical.pytorch's ``vis/vis.json`` with its perplexity and
+    file path); with a ``rank`` on entries (n captions per image, as ``capstack evaluate``
+    writes them), every rank, once each, rank 1 present; and self-critical.pytorch's
+    ``eval_results/<id>_<split>.json`` ({"overall": ..., "imgToEval": {id: {"caption": ...,
+    metrics}}})."""
     data = read_json(path)
+    if isinstance(data, dict) and isinstance(data.get("imgToEval"), dict):
+        data = _per_image_entries(path, data["imgToEval"])
     if not isinstance(data, list):
-        raise CapstackError(f"{where(path)}: expected a JSON list of results, "
-                            f"got {type(data).__name__}")
-    results: dict[int, str] = {}
+        raise CapstackError(f"{where(path)}: expected a JSON list of results (COCO's format: "
+                            f"{{\"image_id\", \"caption\"}} each) or self-critical.pytorch's "
+                            f"eval output ({{\"overall\", \"imgToEval\"}}), got "
+                            f"{type(data).__name__}")
+    ranked: dict[int, dict[int, str]] = {}
     for i, entry in enumerate(data):
         image_id = _field(path, entry, i, "entry", "image_id", _is_int, "an integer")
         caption = _field(path, entry, i, "entry", "caption",
                          lambda v: isinstance(v, str), "a string")
-        if "rank" in entry and _field(path, entry, i, "entry", "rank",
-                                      lambda v: _is_int(v) and v >= 1, "a whole number from 1") > 1:
-            continue
-        if image_id in results:
-            raise CapstackError(f"{where(path, f'entry {i}')}: duplicate image_id {image_id}")
-        results[image_id] = caption
-    return results
+        rank = _field(path, entry, i, "entry", "rank", lambda v: _is_int(v) and v >= 1,
+                      "a whole number from 1") if "rank" in entry else 1
+        if rank in ranked.setdefault(image_id, {}):
+            what = f"rank {rank} of image_id {image_id} twice" if "rank" in entry else \
+                f"duplicate image_id {image_id}"
+            raise CapstackError(f"{where(path, f'entry {i}')}: {what}")
+        ranked[image_id][rank] = caption
+    unranked = next((k for k, captions in ranked.items() if 1 not in captions), None)
+    if unranked is not None:
+        raise CapstackError(f"{where(path)}: image_id {unranked} has captions but none of "
+                            f"rank 1 (the one scored)")
+    return {k: [captions[r] for r in sorted(captions)] for k, captions in ranked.items()}
+
+
+def _per_image_entries(path, per_image: dict) -> list:
+    """self-critical.pytorch's ``imgToEval`` ({id as text: {"image_id", "caption", metrics}})
+    as COCO's results list; an entry without ``image_id`` takes its key's."""
+    entries = []
+    for key, entry in per_image.items():
+        if not isinstance(entry, dict):
+            raise CapstackError(f"{where(path, f'imgToEval.{key}')}: not an object")
+        image_id = entry.get("image_id", int(key) if str(key).isdigit() else key)
+        entries.append({"image_id": image_id,
+                        **({"caption": entry["caption"]} if "caption" in entry else {})})
+    return entries
 
 
 def _image_ids(path, images: Any) -> set[int]:
