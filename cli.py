@@ -795,14 +795,14 @@ def runs_cmd(workdir, as_json):
             click.echo(f"    also named {name} (a link to this run)")
 
 
-# option -> (field of trainer/decoding_options.py's DecodingConfig, click parameter); each one's
-# default is None: the experiment's eval: value
+# option -> (field of trainer/decoding/options.py's DecodingConfig, click parameter); each one's
+# default is None: the experiment's eval: value; the choices are the config's own
 DECODING_OPTIONS = {
-    "--search": ("search", dict(type=click.Choice(["beam", "greedy", "diverse"]),
+    "--search": ("search", dict(type=NamesOf("trainer.decoding.options:SEARCHES"),
                                 help="beam (greedy for --beam 1), greedy, or diverse beam search "
                                      "[the experiment's eval.search]")),
     "--sample-method": ("sample_method", dict(
-        type=click.Choice(["greedy", "sample", "gumbel"]),
+        type=NamesOf("trainer.decoding.options:SAMPLE_METHODS"),
         help="How one-word-at-a-time decoding picks a word: the most probable, or a draw "
              "[eval.sample_method]")),
     "--temperature": ("temperature", dict(type=float, help="Sampling temperature; in beam "
@@ -958,7 +958,8 @@ def _echo_scores(scores: dict) -> None:
               help="Draw the attention per word to this PNG. For several images the name holds "
                    "{stem} (each image's file name) or {n} (its place, from 1): "
                    "--attention 'att/{stem}.png'.")
-@click.option("--beam", "beam_size", default=5, show_default=True, type=click.IntRange(1, 100))
+@click.option("--beam", "beam_size", type=click.IntRange(1, 100), default=None,
+              help="Beam size [the experiment's eval.beam_size].")
 @click.option("--max-len", default=16, show_default=True,
               type=click.IntRange(1, MAX_CAPTION_WORDS))
 @click.option("--device", default="auto", show_default=True)
@@ -968,8 +969,8 @@ def _echo_scores(scores: dict) -> None:
 @decoding_options
 def caption_cmd(checkpoints, images, attention, beam_size, max_len, device, ensemble, decoding):
     """Caption raw IMAGES, running the extractor that made the checkpoint's feature stores.
-    The decoding options other than --beam and --max-len default to the experiment's eval:
-    values; with --n N each image's N captions are printed with their rank."""
+    The decoding options other than --max-len default to the experiment's eval: values (--beam
+    too, as evaluate's); with --n N each image's N captions are printed with their rank."""
     from pipeline.core.ranks import pick_device
     from pipeline.features.extract.rebuild import image_extractor
     from trainer.evaluation.caption import caption_files

@@ -47,10 +47,10 @@ from typing import TextIO
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT
+from common import capstack as run_capstack
 
-from trainer.decoders import DECODERS  # noqa: E402
+from trainer.decoders import DECODERS
 
 # (better, worse, what the papers say); ">=" rows are "at least as good", "~" rows "about equal"
 ORDERINGS = [
@@ -81,15 +81,7 @@ VARIANTS = ROOT / "configs" / "experiments" / "variants"
 def capstack(*args: str, workdir: Path, log: TextIO | None = None) -> str:
     """Run one capstack command in ``workdir``, its output shown (or written to ``log``) and
     returned."""
-    command = [sys.executable, str(ROOT / "cli.py"), *args]
-    shown = log or sys.stdout
-    print("$ capstack " + " ".join(args), file=shown, flush=True)
-    done = subprocess.run(command, cwd=workdir, text=True, stdout=subprocess.PIPE,
-                          stderr=log and subprocess.STDOUT)
-    print(done.stdout, end="", file=shown, flush=True)
-    if done.returncode != 0:
-        raise SystemExit(f"capstack {' '.join(args)}: exited with status {done.returncode}")
-    return done.stdout
+    return run_capstack(*args, cwd=workdir, show=True, log=log)[1]
 
 
 def stage_names(workdir: Path) -> set[str]:
@@ -227,7 +219,7 @@ def comparisons(rows: dict[str, list[str]]) -> list[tuple[str, str, str, str, st
     return found
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", nargs="+", default=["0,1,2"],
                     help="seeds: 0,1,2 or 0-2 (as capstack run --seeds), or 0 1 2")
@@ -245,7 +237,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1,
                     help="(row, seed) chains run at once, each its stages in turn, its output "
                          "in OUT/logs/ROW-seedS.log (a GPU or many cores); default 1: in turn")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from pipeline.engine.experiments import parse_seeds
 
     seeds, workdir = parse_seeds(",".join(args.seeds)), args.workdir.resolve()

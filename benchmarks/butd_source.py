@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import base64
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-from pipeline.captions.karpathy import load_karpathy  # noqa: E402
+from pipeline.captions.karpathy import load_karpathy
 
 NAME = "trainval_resnet101_faster_rcnn_genome.tsv"
 
@@ -68,7 +66,7 @@ def write_source(dataset_json: Path, out: Path, *, boxes: tuple[int, int], dim: 
     return files
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset_json", type=Path)
     parser.add_argument("out", type=Path, help="Folder for the TSV parts.")
@@ -78,7 +76,7 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=2)
     parser.add_argument("--undecodable", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     low, high = (int(x) for x in args.boxes.split("-"))
     files = write_source(args.dataset_json, args.out, boxes=(low, high), dim=args.dim,
                          parts=args.parts, undecodable=args.undecodable,

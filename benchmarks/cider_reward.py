@@ -14,22 +14,20 @@ then the time of one SCST-sized batch (250 sampled captions of 50 images).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-from pycocoevalcap.cider.cider import Cider  # noqa: E402
+from pycocoevalcap.cider.cider import Cider
 
-from pipeline.demo.shapes.captions import captions_for  # noqa: E402
-from pipeline.demo.shapes.scene import sample_scene  # noqa: E402
-from trainer.scoring.references import load_references, load_results  # noqa: E402
-from trainer.scoring.text import simple_tokenize  # noqa: E402
-from trainer.rewards.cider import CiderD  # noqa: E402
+from pipeline.demo.shapes.captions import captions_for
+from pipeline.demo.shapes.scene import sample_scene
+from trainer.scoring.references import load_references, load_results
+from trainer.scoring.text import simple_tokenize
+from trainer.rewards.cider import CiderD
 
 
 def drawn(n: int, seed: int = 0) -> tuple[dict[int, list[str]], dict[int, str]]:
@@ -60,12 +58,12 @@ def as_tokens(cands: dict[int, str], words: list[str], ids: list[int]):
     return tokens, lengths
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--refs", type=Path)
     ap.add_argument("--cands", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.refs and args.cands:
         refs = {i: [simple_tokenize(c) for c in cs] for i, cs in load_references(args.refs).items()}
         cands = {i: simple_tokenize(c) for i, c in load_results(args.cands).items()}
@@ -94,13 +92,14 @@ def main() -> None:
     print(f"max_abs_diff: {np.abs(ours - np.asarray(theirs)).max():.3g}")
     print(f"speedup: {theirs_s / ours_s:.1f}")
     rng = np.random.default_rng(1)
-    batch_ids = np.repeat(np.array(ids[:50]), 5)
-    sampled = rng.integers(4, len(vocab), (250, 16))
-    lengths = rng.integers(4, 17, 250)
+    images = min(50, len(ids))  # 50 images x 5 samples, as SCST draws them
+    batch_ids = np.repeat(np.array(ids[:images]), 5)
+    sampled = rng.integers(4, len(vocab), (images * 5, 16))
+    lengths = rng.integers(4, 17, images * 5)
     started = time.perf_counter()
     for _ in range(20):
         scorer.score(batch_ids, sampled, lengths)
-    print(f"SCST-sized batch (250 sampled captions, 50 images): "
+    print(f"SCST-sized batch ({images * 5} sampled captions, {images} images): "
           f"{(time.perf_counter() - started) / 20 * 1000:.2f} ms")
 
 

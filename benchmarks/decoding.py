@@ -21,12 +21,9 @@ A row: the option, images/s, and its time as a multiple of plain beam 5's.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
 SIZES = {"embed": 256, "hidden": 256, "att_hidden": 256, "dropout": 0.0}
 VOCAB, REGIONS, FEATURE_DIM, MAX_LEN = 2000, 36, 512, 16

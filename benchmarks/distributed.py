@@ -31,8 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
 BATCH = 50
 HIDDEN = 512
@@ -151,14 +150,14 @@ def extraction_figures(folder: Path, nproc: int, images: int, device: str) -> di
     return {"images_per_s": rate, "wall": wall}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6, help="training batches of 50 images")
     ap.add_argument("--images", type=int, default=120, help="images to extract")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (one GPU per process)")
     ap.add_argument("--allreduce-probe", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.allreduce_probe:
         return allreduce_probe()
     print(f"device {args.device}, {os.cpu_count()} CPU cores; processes 1 and {args.nproc}")

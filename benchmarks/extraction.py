@@ -39,46 +39,25 @@ the largest difference between the two stores' features (and, for regions, boxes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import write_images
 
-import torch  # noqa: E402
+import torch
 
-from pipeline.core.ranks import pick_device  # noqa: E402
-from pipeline.features.stores import open_store  # noqa: E402
-from pipeline.vision.backbones import (load_resnet, resnet_body,  # noqa: E402
+from pipeline.core.ranks import pick_device
+from pipeline.features.stores import open_store
+from pipeline.vision.backbones import (load_resnet, resnet_body,
                                                  resolve_weights)
-from pipeline.features.extract.kinds.grid import GridExtractor, GridSettings, extract_grid  # noqa: E402
-from pipeline.features.extract.runner import autocast  # noqa: E402
-from pipeline.vision.jpeg import DECODES  # noqa: E402
+from pipeline.features.extract.kinds.grid import GridExtractor, GridSettings, extract_grid
+from pipeline.features.extract.runner import autocast
+from pipeline.vision.jpeg import DECODES
 
-
-def write_images(folder: Path, n: int) -> Path:
-    rng = np.random.default_rng(0)
-    (folder / "images").mkdir(parents=True)
-    images = []
-    for i in range(n):
-        im = Image.new("RGB", (640, 480), tuple(int(c) for c in rng.integers(120, 255, 3)))
-        draw = ImageDraw.Draw(im)
-        for _ in range(6):
-            x, y = rng.integers(0, 560), rng.integers(0, 400)
-            draw.ellipse([x, y, x + 80, y + 80],
-                         fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
-        im.save(folder / "images" / f"{i:05d}.jpg", quality=90)
-        images.append({"filepath": "images", "filename": f"{i:05d}.jpg", "imgid": i,
-                       "split": "train", "sentences": [{"tokens": ["x"], "sentid": i}]})
-    path = folder / "dataset_bench.json"
-    path.write_text(json.dumps({"dataset": "bench", "images": images}))
-    return path
 
 
 def forward_only(args, device) -> float:
@@ -183,7 +162,7 @@ def vg_benchmark(args, device) -> None:
                 device=device, progress=False))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=64)
     ap.add_argument("--backbone", default="resnet101")
@@ -203,7 +182,7 @@ def main() -> None:
                     help="benchmark the VG bottom-up region detector instead of the grid")
     ap.add_argument("--autocast", choices=["float16", "bfloat16"], default="float16",
                     help="the CUDA autocast dtype (random weights overflow float16)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = pick_device(args.device)
     use_autocast(args.autocast)
     if args.detector == "vg":

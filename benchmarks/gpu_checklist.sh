@@ -90,12 +90,13 @@ part rehearsal "${PART_REHEARSAL:-900}" python3 benchmarks/rehearsal.py --device
   --images "${REHEARSAL_IMAGES:-1000}"
 # the whole suite with the GPU visible, in what time is left: each failure named. Its CLI tests
 # run the installed entry point beside the interpreter: where capstack is not installed (a
-# machine with no registry), a two-line one from this checkout takes its place.
+# machine with no registry), a two-line one that runs this checkout's cli.py takes its place.
 entry=$(python3 -c 'import sys, pathlib; print(pathlib.Path(sys.executable).with_name("capstack"))')
 if [ "${PART_SUITE:-150}" != 0 ] && [ ! -e "$entry" ]; then
-  printf '#!%s\nimport sys; sys.path.insert(0, "%s")\nfrom cli import main; main()\n' \
-    "$(python3 -c 'import sys; print(sys.executable)')" "$PWD" >"$entry" && chmod +x "$entry" \
-    && echo "== $entry: written (capstack was not installed)"
+  printf '#!/bin/sh\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" exec "%s" -c %s "$@"\n' "$PWD" \
+    "$(python3 -c 'import sys; print(sys.executable)')" \
+    "'import sys; sys.argv[0] = \"capstack\"; from cli import main; main()'" >"$entry" \
+    && chmod +x "$entry" && echo "== $entry: written (capstack was not installed)"
 fi
 part test_suite "${PART_SUITE:-150}" python3 -m pytest -p no:cacheprovider -n 14 --dist loadfile \
   --timeout 120 -W ignore -rf -v ${SUITE_TESTS:-}  # SUITE_TESTS: some test files only

@@ -47,19 +47,17 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT
 
-from trainer.config import load_experiment  # noqa: E402
-from trainer.evaluation.evaluate import evaluate_checkpoint  # noqa: E402
-from trainer.train import train  # noqa: E402
+from trainer.config import load_experiment
+from trainer.evaluation.evaluate import evaluate_checkpoint
+from trainer.train import train
 
 EXPERIMENT = ROOT / "configs" / "experiments" / "hacap.yaml"
 SETTINGS = {"grammar": "data/prepared", "free": "data/prepared-free"}
@@ -263,7 +261,7 @@ def report(setting: str, seeds: dict) -> None:
               + "; D's rounds' share " + ", ".join(f"{a} {s:.0%}" for a, s in d_share.items()))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -277,7 +275,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1,
                     help="arms trained at once, each in its own process (a GPU or many cores): "
                          "every seed's ML runs, then every arm that starts from one")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     missing = [SETTINGS[s] for s in args.settings if not Path(SETTINGS[s]).is_dir()]
     if missing:
         raise SystemExit(f"{', '.join(missing)}: not prepared; run `capstack run prepare_free "

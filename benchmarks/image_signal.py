@@ -21,20 +21,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-from pipeline.captions.prepared import load_captions  # noqa: E402
-from trainer.checkpoint import load_checkpoint  # noqa: E402
-from trainer.data import Features, TrainBatches, batches_of  # noqa: E402
-from trainer.decoders.base import Decoder  # noqa: E402
-from trainer.evaluation.evaluate import load_model  # noqa: E402
-from trainer.evaluation.predict import predict  # noqa: E402
-from trainer.objectives.token_cross_entropy import output_cross_entropy  # noqa: E402
+from pipeline.captions.prepared import load_captions
+from trainer.checkpoint import load_checkpoint
+from trainer.data import Features, TrainBatches, batches_of
+from trainer.decoders.base import Decoder
+from trainer.evaluation.evaluate import load_model
+from trainer.evaluation.predict import predict
+from trainer.objectives.token_cross_entropy import output_cross_entropy
 
 CAPTIONS_PER_IMAGE = 5
 

@@ -37,8 +37,7 @@ from pathlib import Path
 import numpy as np
 import pybase64
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT
 
 DISTINCT_ROWS = 32  # generated once, then reused (generation is not what is measured)
 
@@ -88,7 +87,6 @@ def simd_decode(text: bytes) -> bytes:
 IMPORT_SCRIPT = """
 import json, resource, sys, time
 from pathlib import Path
-sys.path.insert(0, {root!r})
 from pipeline.features.interchange import importer
 files, dataset, store_root = json.loads(sys.argv[1])
 job = importer.ImportJob("butd-tsv", [Path(f) for f in files], Path(dataset), root=Path(store_root))
@@ -96,22 +94,22 @@ started = time.perf_counter()
 result = importer.import_features(job, progress=False)
 total = time.perf_counter() - started
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
-print(json.dumps({{"total_s": total, "import_s": result.seconds, "bytes": result.nbytes,
+print(json.dumps({"total_s": total, "import_s": result.seconds, "bytes": result.nbytes,
                   "imported": result.report.imported,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "heap_mb": int(status["RssAnon"].split()[0]) / 1024}}))
+                  "heap_mb": int(status["RssAnon"].split()[0]) / 1024}))
 """
 
 
 def capstack_import(files: list[Path], dataset: Path, store_root: Path) -> dict:
-    script = IMPORT_SCRIPT.format(root=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", script,
-                          json.dumps([[str(f) for f in files], str(dataset), str(store_root)])],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-c", IMPORT_SCRIPT,
+                          json.dumps([[str(f.resolve()) for f in files], str(dataset.resolve()),
+                                      str(store_root.resolve())])],
+                         check=True, capture_output=True, text=True, cwd=ROOT).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=20000)
     parser.add_argument("--boxes", type=int, default=36)
@@ -119,7 +117,7 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None,
                         help="Where the generated TSV and stores go [a temporary folder].")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="capstack-import-", dir=args.workdir))
     try:

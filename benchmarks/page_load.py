@@ -31,8 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "black", "white"]
 SHAPES = ["circle", "square", "triangle", "star", "ellipse", "hexagon", "cross", "diamond"]
@@ -53,7 +52,7 @@ def sentence(rng: np.random.Generator) -> tuple[str, str, str]:
     return " ".join(words), colour, shape
 
 
-def write_images(root: Path, ids: list[int], rng: np.random.Generator) -> dict[int, list[str]]:
+def draw_images(root: Path, ids: list[int], rng: np.random.Generator) -> dict[int, list[str]]:
     """A 96-pixel JPEG per image (a coloured box on grey) and 5 references each."""
     from PIL import Image, ImageDraw
 
@@ -106,7 +105,7 @@ def make_evaluations(root: Path, images: int, seed: int = 0) -> tuple[Path, Path
     rng = np.random.default_rng(seed)
     ids = list(range(1, images + 1))
     (root / "images").mkdir(parents=True)
-    references = write_images(root / "images", ids, rng)
+    references = draw_images(root / "images", ids, rng)
     prepared = root / "prepared"
     prepared.mkdir()
     write_json(prepared / "images_test.json", [

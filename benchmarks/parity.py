@@ -34,11 +34,10 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-from benchmarks.peer_parity import Difference, PeerKind, recognise  # noqa: E402
-from benchmarks.peer_parity import (checkpoints, evaluation, mmf, transformer,  # noqa: E402
+from benchmarks.peer_parity import Difference, PeerKind, recognise
+from benchmarks.peer_parity import (checkpoints, evaluation, mmf, transformer,
                                    vocab)
 
 PEERS = [

@@ -44,25 +44,24 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import importable
 
-import torch  # noqa: E402
+import torch
 
-from trainer.batch import TrainBatch, whole_batch  # noqa: E402
-from trainer.decode import beam_search  # noqa: E402
-from trainer.decoders import build_decoder  # noqa: E402
-from trainer.decoders.top_down import TopDownConfig  # noqa: E402
-from trainer.decoders.transformer import TransformerConfig  # noqa: E402
-from trainer.objectives import Setting, StepKey  # noqa: E402
-from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
-from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
-from trainer.optimizers import build_optimizer  # noqa: E402
-from trainer.optimizers.adam import AdamConfig  # noqa: E402
-from trainer.precision import Precision  # noqa: E402
-from trainer.rewards.cider import CiderD  # noqa: E402
-from trainer.training.compiled import WARM_UP_CALLS, compiled_steps  # noqa: E402
-from trainer.training.loop import optimizer_step  # noqa: E402
+from trainer.batch import TrainBatch, whole_batch
+from trainer.decode import beam_search
+from trainer.decoders import build_decoder
+from trainer.decoders.top_down import TopDownConfig
+from trainer.decoders.transformer import TransformerConfig
+from trainer.objectives import Setting, StepKey
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
+from trainer.objectives.scst import SelfCritical, SelfCriticalConfig
+from trainer.optimizers import build_optimizer
+from trainer.optimizers.adam import AdamConfig
+from trainer.precision import Precision
+from trainer.rewards.cider import CiderD
+from trainer.training.compiled import WARM_UP_CALLS, compiled_steps
+from trainer.training.loop import optimizer_step
 
 VOCAB = 9487  # words + <pad>, <bos>, <eos>, <unk> in capstack; the peer's 9,486 words + 0
 IMAGES, PER_IMAGE, LENGTH, REGIONS, DIM, WIDTH = 50, 5, 16, 36, 2048, 512
@@ -203,7 +202,7 @@ def peer_paths(peer: Path):
     if not (peer / "cider" / "pyciderevalcap" / "ciderD").is_dir():
         sys.exit(f"{peer}/cider: the cider submodule is missing (git clone --recursive, or "
                  f"git submodule update --init)")
-    sys.path[:0] = [str(peer), str(peer / "cider")]
+    importable(peer, peer / "cider")
     with tempfile.TemporaryDirectory() as tmp:
         before = os.getcwd()
         os.chdir(tmp)
@@ -323,7 +322,7 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", type=Path, required=True,
                     help="a checkout of self-critical.pytorch, with its cider submodule")
@@ -342,7 +341,7 @@ def main() -> None:
                          "(compiling, recording) are not timed")
     ap.add_argument("--models", default="updown,transformer",
                     help="the peer's caption_model names: updown (top_down), transformer")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     work = Work(width=args.width, device=args.device, beam_images=args.beam_images)
     where = (torch.cuda.get_device_name(work.device) if work.device.type == "cuda" else

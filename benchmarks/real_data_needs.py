@@ -33,16 +33,15 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT
 
-import torch  # noqa: E402
+import torch
 
-from cli import main as capstack  # noqa: E402
-from pipeline.engine.stagefile import Stage, StagesFile, load_stages_file  # noqa: E402
-from pipeline.vision.backbones import grid_channels  # noqa: E402
-from trainer.config import load_experiment  # noqa: E402
-from trainer.precision import autocast_dtype  # noqa: E402
+from cli import main as capstack
+from pipeline.engine.stagefile import Stage, StagesFile, load_stages_file
+from pipeline.vision.backbones import grid_channels
+from trainer.config import load_experiment
+from trainer.precision import autocast_dtype
 
 STAGES_FILES = ("configs/coco.yaml", "configs/flickr8k.yaml", "configs/flickr30k.yaml")
 

@@ -25,19 +25,14 @@ threshold in float32, its CPU kernel and ``select_regions`` in float64). Times: 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import median_timed
 
-import torch  # noqa: E402
+import torch
 
-from pipeline.core.ranks import pick_device  # noqa: E402
-from pipeline.features.detectors.boxes import inclusive  # noqa: E402
-from pipeline.features.detectors.selection import (_per_class_select_regions,  # noqa: E402
+from pipeline.core.ranks import pick_device
+from pipeline.features.detectors.boxes import inclusive
+from pipeline.features.detectors.selection import (_per_class_select_regions,
                                                    select_regions)
 
 RULE = {"nms_thresh": 0.3, "conf_thresh": 0.2, "min_boxes": 10, "max_boxes": 100}
@@ -61,28 +56,13 @@ def image(case: str, boxes: int, classes: int, seed: int = 0) -> tuple[torch.Ten
     return inclusive(torch.cat([xy, (xy + wh).clamp(max=999)], dim=1)), scores
 
 
-def timed(fn, boxes, scores, device, repeat: int) -> tuple[float, tuple]:
-    """Median seconds of ``repeat`` runs after a warm-up, and the last result."""
-    out = fn(boxes, scores, **RULE)
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        out = fn(boxes, scores, **RULE)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), out
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--boxes", type=int, default=300)
     ap.add_argument("--classes", type=int, default=1600, help="foreground classes")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = pick_device(args.device)
     print(f"region selection on {device}, torch threads {torch.get_num_threads()}: "
           f"{args.boxes} proposals x {args.classes} classes, NMS {RULE['nms_thresh']}, "
@@ -93,8 +73,10 @@ def main() -> None:
     differ = []
     for case in CASES:
         boxes, scores = (t.to(device) for t in image(case, args.boxes, args.classes))
-        loop, want = timed(_per_class_select_regions, boxes, scores, device, args.repeat)
-        batched, got = timed(select_regions, boxes, scores, device, args.repeat)
+        loop, want = median_timed(_per_class_select_regions, boxes, scores, repeat=args.repeat,
+                                  cuda=device.type == "cuda", **RULE)
+        batched, got = median_timed(select_regions, boxes, scores, repeat=args.repeat,
+                                    cuda=device.type == "cuda", **RULE)
         equal = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         if not equal:
             differ.append(case)

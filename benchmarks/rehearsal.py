@@ -57,15 +57,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT
 
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import numpy as np
+import yaml
 
-from cli import main as capstack  # noqa: E402
-from pipeline.core.pointer import target_of  # noqa: E402
-from pipeline.engine.stagefile import Stage, StagesFile, load_stages_file  # noqa: E402
+from cli import main as capstack
+from pipeline.core.pointer import target_of
+from pipeline.engine.stagefile import Stage, StagesFile, load_stages_file
 
 STAGES_FILE = ROOT / "configs" / "coco.yaml"
 MARKER = "rehearsal.json"  # a workdir holding it is a rehearsal's, cleared before a new one

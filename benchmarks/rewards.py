@@ -16,60 +16,50 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import timed
 
-from cider_reward import as_tokens, drawn  # noqa: E402
-from pycocoevalcap.bleu.bleu import Bleu as CocoBleu  # noqa: E402
-from pycocoevalcap.rouge.rouge import Rouge as CocoRouge  # noqa: E402
+from cider_reward import as_tokens, drawn
+from pycocoevalcap.bleu.bleu import Bleu as CocoBleu
+from pycocoevalcap.rouge.rouge import Rouge as CocoRouge
 
-from trainer.rewards.bleu import Bleu, BleuConfig  # noqa: E402
-from trainer.rewards.meteor import Meteor, MeteorConfig  # noqa: E402
-from trainer.rewards.rouge import RougeL, RougeLConfig  # noqa: E402
-
-
-def timed(call):
-    started = time.perf_counter()
-    value = call()
-    return value, time.perf_counter() - started
+from trainer.rewards.bleu import Bleu, BleuConfig
+from trainer.rewards.meteor import Meteor, MeteorConfig
+from trainer.rewards.rouge import RougeL, RougeLConfig
 
 
 def compare(label: str, reward, theirs, refs, cands, ids) -> None:
     tokens, lengths = as_tokens(cands, reward.references.words, ids)
     reward.score(ids, tokens, lengths)  # warm-up
-    ours, ours_s = timed(lambda: reward.score(ids, tokens, lengths))
-    expected, theirs_s = timed(lambda: theirs(refs, {i: [cands[i]] for i in ids}))
+    ours_s, ours = timed(lambda: reward.score(ids, tokens, lengths))
+    theirs_s, expected = timed(lambda: theirs(refs, {i: [cands[i]] for i in ids}))
     print(f"{label}: capstack {ours_s * 1000:.2f} ms; pycocoevalcap {theirs_s * 1000:.1f} ms")
     print(f"{label} max_abs_diff: {np.abs(ours - np.asarray(expected)).max():.3g}")
     print(f"{label} speedup: {theirs_s / ours_s:.1f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2000, help="drawn captions (and scenes)")
     ap.add_argument("--meteor", type=int, default=250, help="captions of METEOR's timed batch")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     refs, cands = drawn(args.n)
     ids = sorted(cands)
     vocab = ["<pad>", "<bos>", "<eos>", "<unk>"] + sorted({w for c in cands.values()
                                                            for w in c.split()})
     print(f"{len(ids)} captions, {sum(len(r) for r in refs.values())} references")
-    bleu, build_s = timed(lambda: Bleu.from_references(BleuConfig(n=4), refs, vocab))
+    build_s, bleu = timed(lambda: Bleu.from_references(BleuConfig(n=4), refs, vocab))
     print(f"BLEU-4: references prepared once in {build_s * 1000:.1f} ms")
     compare("BLEU-4", bleu, lambda g, r: CocoBleu(4).compute_score(g, r, verbose=0)[1][3],
             refs, cands, ids)
-    rouge, build_s = timed(lambda: RougeL.from_references(RougeLConfig(), refs, vocab))
+    build_s, rouge = timed(lambda: RougeL.from_references(RougeLConfig(), refs, vocab))
     print(f"ROUGE-L: references prepared once in {build_s * 1000:.1f} ms")
     compare("ROUGE-L", rouge, lambda g, r: CocoRouge().compute_score(g, r)[1], refs, cands, ids)
-    if shutil.which("java") is None:
-        print("METEOR: skipped (java not found)")
+    if shutil.which("java") is None or args.meteor == 0:
+        print("METEOR: skipped (" + ("--meteor 0" if args.meteor == 0 else "java not found") + ")")
         return
     batch = ids[:args.meteor]
     tokens, lengths = as_tokens(cands, vocab, batch)
@@ -78,7 +68,7 @@ def main() -> None:
     try:
         meteor.score(batch[:1], tokens[:1], lengths[:1])  # the JVM and its tables load first
         start_s = time.perf_counter() - started
-        _, score_s = timed(lambda: meteor.score(batch, tokens, lengths))
+        score_s, _ = timed(lambda: meteor.score(batch, tokens, lengths))
     finally:
         meteor.close()
     print(f"METEOR: Java scorer started once in {start_s:.1f} s (kept for the run); "

@@ -22,23 +22,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-from pipeline.captions.prepared import load_captions  # noqa: E402
-from trainer.checkpoint import load_checkpoint  # noqa: E402
-from trainer.data import Features, TrainBatches  # noqa: E402
-from trainer.decode import sample  # noqa: E402
-from trainer.evaluation.loaded import load_model  # noqa: E402
-from trainer.objectives.scst import greedy_decode, words_and_lengths  # noqa: E402
-from trainer.rewards.base import tokenized_references  # noqa: E402
-from trainer.rewards.bleu import Bleu, BleuConfig  # noqa: E402
-from trainer.rewards.cider import CiderD  # noqa: E402
+from pipeline.captions.prepared import load_captions
+from trainer.checkpoint import load_checkpoint
+from trainer.data import Features, TrainBatches
+from trainer.decode import sample
+from trainer.evaluation.loaded import load_model
+from trainer.objectives.scst import greedy_decode, words_and_lengths
+from trainer.rewards.base import tokenized_references
+from trainer.rewards.bleu import Bleu, BleuConfig
+from trainer.rewards.cider import CiderD
 
 BATCH = 100
 

@@ -66,7 +66,7 @@ batches            ``TrainBatches`` of 50 images x 5 captions, random order, one
                    (``torch.set_num_threads(1)``), from the page cache (the first 200 batches
                    of the epoch read once before they are timed): per batch and projected per
                    epoch, images/s (target >= 2,000)
-train_memory       what ``capstack train`` builds before its first step (``Run`` of
+train_memory       what ``capstack train`` builds before its first step (the ``Parts`` of
                    configs/coco/bottom_up/top_down.yaml on CPU, then its first batch): the
                    peak RSS is the figure (target <= 2 GB at 123k)
 scoring            ``score()`` of trainer/scoring/metrics/ on the test split (5,000 images,
@@ -105,8 +105,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, capstack, timed
 
 COCO_IMAGES = 123_287
 COCO_SPLITS = {"restval": 30_504, "val": 5_000, "test": 5_000}  # the rest is train
@@ -346,7 +345,7 @@ def ensure(need: str, w: Workload) -> None:
         remove_store(w.store)  # a partial one
         extract_store(w, w.store)
     elif need == "lock" and not (w.path / "stages.lock").is_file():
-        capstack(w, "run", "images_check")
+        capstack_in(w, "run", "images_check")
 
 
 def prepare(w: Workload) -> dict:
@@ -356,15 +355,11 @@ def prepare(w: Workload) -> dict:
                             force=True)
 
 
-def capstack(w: Workload, *args: str) -> tuple[float, str]:
+def capstack_in(w: Workload, *args: str) -> tuple[float, str]:
     """``capstack ARGS`` as a process of its own in the workload (stage commands get
     ``--workdir`` and ``-c``): its wall time and stdout."""
-    if args[0] in ("run", "stages"):
-        args = (*args, "--workdir", str(w.path), "-c", str(w.path / "stages.yaml"))
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], cwd=w.path,
-                          stdout=subprocess.PIPE, text=True, check=True)
-    return time.perf_counter() - started, done.stdout
+    stages = w.path / "stages.yaml" if args[0] in ("run", "stages") else None
+    return capstack(*args, cwd=w.path, stages=stages)
 
 
 # ============================================================================ the costs
@@ -380,12 +375,6 @@ def cost(name: str, needs: tuple[str, ...] = (), once: bool = False):
         return fn
 
     return register
-
-
-def timed(fn, *args, **kwargs) -> tuple[float, object]:
-    started = time.perf_counter()
-    value = fn(*args, **kwargs)
-    return time.perf_counter() - started, value
 
 
 @cost("prepare")
@@ -415,12 +404,12 @@ def cost_stage_first(w: Workload) -> dict:
     for path in (w.path / "stages.lock", w.stamp):
         path.unlink(missing_ok=True)
     shutil.rmtree(w.path / ".capstack", ignore_errors=True)
-    seconds, _ = capstack(w, "run", "images_check")
+    seconds, _ = capstack_in(w, "run", "images_check")
     return {"seconds": seconds, "note": f"{w.n} images hashed from scratch (capstack run)"}
 
 
 def stage_check(w: Workload, note: str) -> dict:
-    seconds, out = capstack(w, "stages", "--json")
+    seconds, out = capstack_in(w, "stages", "--json")
     return {"seconds": seconds, "note": f"{note}: {stage_state(out)}"}
 
 
@@ -587,7 +576,9 @@ def cost_batches(w: Workload) -> dict:
 @cost("train_memory", needs=("prepared", "store"))
 def cost_train_memory(w: Workload) -> dict:
     from trainer.config import load_experiment
-    from trainer.train import Run, resident_mb
+    from trainer.train import resident_mb
+    from trainer.training.build import build, close
+    from trainer.training.resume import resume
 
     out = w.path / "run"
     shutil.rmtree(out, ignore_errors=True)
@@ -595,12 +586,12 @@ def cost_train_memory(w: Workload) -> dict:
     started = time.perf_counter()
     config = load_experiment(EXPERIMENT, [f"data.captions={w.prepared}",
                                           f"data.features=[{w.store}]", "train.device=cpu"])
-    run = Run(config, out)
-    run.resume()
-    batch = next(iter(run.batches.epoch(0)))
+    parts = build(config, out)
+    resume(parts)
+    batch = next(iter(parts.batches.epoch(0)))
     seconds = time.perf_counter() - started
     now = resident_mb()
-    run.close()
+    close(parts)
     shutil.rmtree(out, ignore_errors=True)
     return {"seconds": seconds, "note": f"{config.name}: RSS {now:.0f} MB at the first batch "
                                         f"({len(batch.image_ids)} images)"}
@@ -640,19 +631,19 @@ def part_timer(fn, name: str, parts: dict):
 
 @cost("stores", needs=("store",))
 def cost_stores(w: Workload) -> dict:
-    seconds, out = capstack(w, "stores", "--features-root", str(w.features))
+    seconds, out = capstack_in(w, "stores", "--features-root", str(w.features))
     return {"seconds": seconds, "note": out.splitlines()[1].strip()}
 
 
 @cost("verify", needs=("store",))
 def cost_verify(w: Workload) -> dict:
-    seconds, out = capstack(w, "verify", str(w.store), "--dataset", str(w.json))
+    seconds, out = capstack_in(w, "verify", str(w.store), "--dataset", str(w.json))
     return {"seconds": seconds, "note": out.strip().split(": ", 1)[1]}
 
 
 @cost("verify_deep", needs=("store",))
 def cost_verify_deep(w: Workload) -> dict:
-    seconds, out = capstack(w, "verify", str(w.store), "--dataset", str(w.json), "--deep")
+    seconds, out = capstack_in(w, "verify", str(w.store), "--dataset", str(w.json), "--deep")
     return {"seconds": seconds, "note": out.strip().splitlines()[-1].split(": ", 1)[1]}
 
 

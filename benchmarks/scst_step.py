@@ -11,23 +11,20 @@ image). The time of a step is split as the trainer logs it.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-import torch  # noqa: E402
+import torch
 
-from trainer.batch import TrainBatch, whole_batch  # noqa: E402
-from trainer.decoders import build_decoder  # noqa: E402
-from trainer.decoders.top_down import TopDownConfig  # noqa: E402
-from trainer.objectives import Setting, StepKey  # noqa: E402
-from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
-from trainer.rewards.cider import CiderD  # noqa: E402
+from trainer.batch import TrainBatch, whole_batch
+from trainer.decoders import build_decoder
+from trainer.decoders.top_down import TopDownConfig
+from trainer.objectives import Setting, StepKey
+from trainer.objectives.scst import SelfCritical, SelfCriticalConfig
+from trainer.rewards.cider import CiderD
 
 VOCAB = 9487
 
@@ -46,26 +43,29 @@ def synthetic_scorer(images: int, rng) -> CiderD:
     return CiderD.from_references(refs, words)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--images", type=int, default=50, help="images a step (5 samples each)")
+    ap.add_argument("--hidden", type=int, default=512, help="the decoder's widths")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
     rng = np.random.default_rng(0)
-    scorer = synthetic_scorer(50, rng)
+    n, width = args.images, args.hidden
+    scorer = synthetic_scorer(n, rng)
     torch.manual_seed(0)
-    model = build_decoder("top_down", TopDownConfig(hidden=512, embed=512, att_hidden=512),
+    model = build_decoder("top_down", TopDownConfig(hidden=width, embed=width, att_hidden=width),
                           VOCAB, 2048).to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=5e-5)
-    feats = torch.randn(50, 36, 2048, device=device).abs()
-    mask = torch.ones(50, 36, dtype=torch.bool, device=device)
+    feats = torch.randn(n, 36, 2048, device=device).abs()
+    mask = torch.ones(n, 36, dtype=torch.bool, device=device)
     rl = SelfCritical(SelfCriticalConfig(reward=None, samples=5, baseline="greedy"),
                       Setting(captions=None, max_len=16, device=device), scorer=scorer)
-    batch = TrainBatch(list(range(50)), feats, mask, torch.zeros(250, 18, dtype=torch.long),
-                       whole_batch(tokens=250 * 17, captions=250, images=50), seq_per_img=5)
-    print(f"device: {device} ({torch.get_num_threads()} threads); top_down hidden 512, "
-          f"vocab {VOCAB}, 36x2048 regions, 50 images x 5 samples + 50 greedy, max length 16")
+    batch = TrainBatch(list(range(n)), feats, mask, torch.zeros(n * 5, 18, dtype=torch.long),
+                       whole_batch(tokens=n * 5 * 17, captions=n * 5, images=n), seq_per_img=5)
+    print(f"device: {device} ({torch.get_num_threads()} threads); top_down hidden {width}, "
+          f"vocab {VOCAB}, 36x2048 regions, {n} images x 5 samples + {n} greedy, max length 16")
     rows = []
     for step in range(args.steps + 1):
         started = time.perf_counter()

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, capstack
 
-from pipeline.core.hashing import HashCache  # noqa: E402
+from pipeline.core.hashing import HashCache
 
 STAGES = """
 stages:
@@ -60,7 +59,8 @@ def write_dataset(path: Path, n_images: int, rng: np.random.Generator) -> int:
     return sentid
 
 
-def write_images(folder: Path, n: int, kb: int, rng: np.random.Generator) -> int:
+def write_image_files(folder: Path, n: int, kb: int, rng: np.random.Generator) -> int:
+    """``n`` files of ``kb`` KB of random bytes, each distinct: what the stage engine hashes."""
     folder.mkdir()
     blob = rng.integers(0, 256, size=kb * 1024 * 4, dtype=np.uint8).tobytes()
     total = 0
@@ -72,38 +72,32 @@ def write_images(folder: Path, n: int, kb: int, rng: np.random.Generator) -> int
     return total
 
 
-def capstack(workdir: Path, *args: str) -> float:
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cli", *args, "--workdir", str(workdir), "-c",
-                    str(workdir / "stages.yaml")], check=True, cwd=workdir,
-                   stdout=subprocess.DEVNULL)
-    return time.perf_counter() - started
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=20000)
     ap.add_argument("--file-kb", type=int, default=16)
     ap.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
         (work / "stages.yaml").write_text(STAGES)
         n_captions = write_dataset(work / "dataset_big.json", args.images, rng)
-        nbytes = write_images(work / "images", args.images, args.file_kb, rng)
+        nbytes = write_image_files(work / "images", args.images, args.file_kb, rng)
         print(f"project: {n_captions} captions, {args.images} image files "
               f"({nbytes / 2**20:.0f} MiB), "
               f"json {os.path.getsize(work / 'dataset_big.json') / 2**20:.0f} MiB")
 
-        first = capstack(work, "run", "prepare")
+        first, _ = capstack("run", "prepare", cwd=work, stages=work / "stages.yaml")
         print(f"first run (hash from scratch + prepare): {first:8.2f} s")
 
-        skips = [capstack(work, "run", "prepare") for _ in range(args.repeats)]
+        skips = [capstack("run", "prepare", cwd=work, stages=work / "stages.yaml")[0]
+                 for _ in range(args.repeats)]
         skip = statistics.median(skips)
         print(f"capstack run prepare, up to date:        {skip:8.3f} s (median of {args.repeats})")
-        status = statistics.median(capstack(work, "stages") for _ in range(args.repeats))
+        status = statistics.median(capstack("stages", cwd=work, stages=work / "stages.yaml")[0]
+                                   for _ in range(args.repeats))
         print(f"capstack stages:                         {status:8.3f} s")
 
         started = time.perf_counter()

@@ -44,20 +44,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, checkout, importable
 
-
-def checkout(argv: list[str]) -> Path:
-    """The capstack checkout ``--root`` names, read before capstack is imported; else this one."""
-    for i, arg in enumerate(argv):
-        if arg == "--root" and i + 1 < len(argv):
-            return Path(argv[i + 1]).resolve()
-        if arg.startswith("--root="):
-            return Path(arg.split("=", 1)[1]).resolve()
-    return ROOT
-
-
-sys.path.insert(0, str(checkout(sys.argv[1:])))
+CHECKOUT = checkout(sys.argv[1:])  # read before capstack is imported
+importable(CHECKOUT)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -315,7 +305,7 @@ def profile_decoder(name: str, args) -> tuple[Work, Profiled, Profiled]:
                                                                     args.steps)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decoder", default="top_down", help="a registered decoder, or all")
     ap.add_argument("--threads", type=int, default=2)
@@ -324,8 +314,11 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=50, help="images a step (5 captions each)")
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="the capstack checkout to import (another one: its code, timed "
-                         "by this script; read before the imports, see checkout())")
-    args = ap.parse_args()
+                         "by this script; read before the imports, see common.checkout())")
+    args = ap.parse_args(argv)
+    if args.root.resolve() != CHECKOUT:
+        ap.error(f"--root {args.root}: capstack was imported from {CHECKOUT} (--root is read "
+                 f"from the command line, before the imports)")
     torch.set_num_threads(args.threads)
     names = sorted(DECODERS) if args.decoder == "all" else [args.decoder]
     DECODERS.get(names[0])  # an unknown name: the registry's error, with the names it has

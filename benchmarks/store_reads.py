@@ -13,7 +13,6 @@ in the main process into one reused ``BatchBuffer`` instead of a fresh array.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 import warnings
@@ -21,15 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-import torch  # noqa: E402
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler  # noqa: E402
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from pipeline.features.stores import Record, Schema, create_writer, field, open_store  # noqa: E402
-from pipeline.features.stores.buffer import BatchBuffer  # noqa: E402
-from pipeline.features.stores.lmdb import _HEADER, _record_key, shared_env  # noqa: E402
+from pipeline.features.stores import Record, Schema, create_writer, field, open_store
+from pipeline.features.stores.buffer import BatchBuffer
+from pipeline.features.stores.lmdb import _HEADER, _record_key, shared_env
 
 
 class BatchReads(Dataset):
@@ -108,13 +106,13 @@ def loader_rate(path: Path, ids, batch: int, workers: int, rounds: int,
     return done / (time.perf_counter() - started)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--dir", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers, 2 cores
     print(f"{'record':>10} {'backend':>7} {'workers':>7} {'records/s':>10} {'vs floor':>8}")

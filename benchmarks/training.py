@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -42,28 +41,27 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-from pipeline.captions.prepared import Captions  # noqa: E402
-from pipeline.captions.vocab import Vocabulary  # noqa: E402
-from pipeline.features.extract.kinds.region_base import region_schema  # noqa: E402
-from pipeline.features.stores import Record, Schema, create_writer, field  # noqa: E402
-from trainer.data import Features, TrainBatches  # noqa: E402
-from trainer.decode import beam_search  # noqa: E402
-from trainer.decoders import DECODERS, build_decoder  # noqa: E402
-from trainer.objectives import Objective, Setting, StepKey  # noqa: E402
-from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig  # noqa: E402
-from trainer.objectives.scst import SelfCritical, SelfCriticalConfig  # noqa: E402
-from trainer.precision import Precision  # noqa: E402
-from trainer.read_ahead import read_ahead  # noqa: E402
-from trainer.rewards.cider import CiderD  # noqa: E402
-from trainer.launches import StepCount  # noqa: E402
-from trainer.training.compiled import WARM_UP_CALLS, CompiledSteps, compile_mode  # noqa: E402
-from trainer.training.loop import optimizer_step  # noqa: E402
+from pipeline.captions.prepared import Captions
+from pipeline.captions.vocab import Vocabulary
+from pipeline.features.extract.kinds.region_base import region_schema
+from pipeline.features.stores import Record, Schema, create_writer, field
+from trainer.data import Features, TrainBatches
+from trainer.decode import beam_search
+from trainer.decoders import DECODERS, build_decoder
+from trainer.objectives import Objective, Setting, StepKey
+from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
+from trainer.objectives.scst import SelfCritical, SelfCriticalConfig
+from trainer.precision import Precision
+from trainer.read_ahead import read_ahead
+from trainer.rewards.cider import CiderD
+from trainer.launches import StepCount
+from trainer.training.compiled import WARM_UP_CALLS, CompiledSteps, compile_mode
+from trainer.training.loop import optimizer_step
 
 VOCAB = 9487  # COCO's vocabulary at min count 5, as in Stack-Cap
 CAPTION_LEN = 16
@@ -302,7 +300,7 @@ def step_rows(args, device, rng):
                           f"{'' if busy is None else f'{busy:8.2f}'}", flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -323,7 +321,7 @@ def main() -> None:
                     help="images decoded one at a time for the ratio (default: all)")
     ap.add_argument("--count", action="store_true",
                     help="count each step's operators, host syncs and copies instead of timing")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
     if args.count:
         print(f"{'decoder':>15} {'step':>4} {'operators':>9} {'words':>5} {'per word':>9} "

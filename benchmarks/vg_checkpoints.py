@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common  # this checkout importable  # noqa: F401
 
-import torch  # noqa: E402
+import torch
 
-from pipeline.features.detectors.checkpoints import in_naming  # noqa: E402
-from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig  # noqa: E402
+from pipeline.features.detectors.checkpoints import in_naming
+from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig
 
 FILES = {"bua-caffe": "bua-caffe-frcn-r101_with_attributes.pth",
          "detectron2": "faster_rcnn_from_caffe_attr.pkl"}
@@ -47,12 +45,12 @@ def write(detector: BottomUpDetector, naming: str, out_dir: Path) -> Path:
     return path
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--naming", nargs="+", default=list(FILES), choices=list(FILES))
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     detector = random_vg_detector(args.seed)
     for naming in args.naming:

@@ -15,6 +15,8 @@ def load_script(path: str | Path, name: str | None = None) -> ModuleType:
     """``path`` relative to the repository root (or absolute); registered in sys.modules
     under ``name`` (the file's stem) so that its dataclasses can look their module up."""
     path = ROOT / path
+    if str(path.parent) not in sys.path:  # its helpers importable, as `python SCRIPT` has them
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)

@@ -82,14 +82,14 @@ def test_c2f_leaves_the_eos_forced_after_max_len_words_out_of_every_stages_term(
 
     from pipeline.core.tokens import EOS_ID
     from trainer.objectives.base import StepKey
-    from trainer.train import Run
+    from trainer.training.build import build
 
     root, exp, _, _ = stack_run
     config = load_experiment(exp, ["objective.name=c2f", *cider_d(root / 'cider.npz'),
                                    "objective.samples=2", "train.max_len=3",
                                    "objective.coarse_term=true"])
     (tmp_path / "run").mkdir()
-    run = Run(config, tmp_path / "run")
+    run = build(config, tmp_path / "run")
     model = run.model
     with torch.no_grad():
         for head in model.outputs:

@@ -21,10 +21,11 @@ from pipeline.captions.prepared import load_captions
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.data import Features
-from trainer.decode import beam_search, greedy, sample
+from trainer.decoding import beam_search, greedy, sample
 from trainer.evaluation.evaluate import load_model
 from trainer.rewards.cider_cache import build_cache
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training.build import build
 from trainer.training import compiled
 from trainer_fixtures import cider_d, make_decoder, make_prepared, write_experiment, \
     write_feature_store
@@ -167,14 +168,14 @@ def test_a_step_that_cannot_be_compiled_runs_eagerly_said_once(data, tmp_path, m
 
 def test_the_compiled_methods_are_in_place_only_during_a_step(data, tmp_path):
     _, _, _, exp = data
-    run = Run(load_experiment(exp, ["train.compile=steps"]), tmp_path / "run")
+    run = build(load_experiment(exp, ["train.compile=steps"]), tmp_path / "run")
     assert run.compiled is not None and set(run.compiled.methods) == {"recur", "step"}
     assert run.compiled.mode == "default"  # auto, on a CPU
     assert "step" not in vars(run.model)
     with compiled.active(run.compiled):
         assert vars(run.model)["step"] is run.compiled.methods["step"]
     assert "step" not in vars(run.model) and "recur" not in vars(run.model)
-    assert Run(load_experiment(exp), tmp_path / "off").compiled is None
+    assert build(load_experiment(exp), tmp_path / "off").compiled is None
 
 
 def test_modes_and_a_decoder_whose_state_grows():

@@ -20,7 +20,7 @@ from pipeline.captions.prepared import load_captions
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.data import Features
-from trainer.decode import beam_search, sample
+from trainer.decoding import beam_search, sample
 from trainer.evaluation.evaluate import load_model
 from trainer.objectives.scst import generated_mask, scst_loss
 from trainer.precision import Precision

@@ -14,8 +14,9 @@ from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.data import caption_tensor
-from trainer.decode import (_ending_at, _log_softmax_in_place, beam_search, greedy, picked_logprobs,
-                            sample)
+from trainer.decoding import beam_search, greedy, picked_logprobs, sample
+from trainer.decoding.words import ending_at as _ending_at
+from trainer.decoding.words import log_softmax_in_place as _log_softmax_in_place
 from trainer.decoders import DECODERS
 from trainer.decoders.base import Decoder, DecoderOutput, per_row
 from trainer.modules.dropout import Dropout
@@ -494,7 +495,7 @@ def test_top_down_as_poojahiras_weight_normalises_and_keeps_the_words_undropped(
 def test_sampling_noise_draws_each_row_by_its_own_uniform():
     """Inverse-CDF sampling with SamplingNoise: a row's word depends on its draw alone (not on
     which rows are sampled with it), and the words follow the distribution."""
-    from trainer.decode import SamplingNoise
+    from trainer.decoding import SamplingNoise
 
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     model = _FixedDistribution(probs)

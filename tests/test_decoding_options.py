@@ -12,6 +12,7 @@ import re
 import signal
 from collections import Counter
 from functools import partial
+from pathlib import Path
 from dataclasses import asdict
 
 import pytest
@@ -24,10 +25,10 @@ from pipeline.core.errors import CapstackError
 from trainer.batch import EvalBatch
 from trainer.config import EvalConfig, from_dict, load_experiment
 from trainer.bounds import MAX_CAPTION_WORDS
-from trainer.decode import beam_search, greedy, tempered
+from trainer.decoding import beam_search, greedy, tempered
 from trainer.decoders.base import Decoder, per_row
-from trainer.decoding_options import (BAD_ENDINGS, MAX_WU_ALPHA, DecodingConfig, decode,
-                                      fast_path, filtered, length_penalized)
+from trainer.decoding import BAD_ENDINGS, Beam, DecodingConfig, decode, filtered
+from trainer.decoding.rules import MAX_WU_ALPHA, length_penalized
 from trainer.evaluation.predict import predict
 from trainer.scoring.references import load_results
 
@@ -134,7 +135,7 @@ class Random(Markov):
 def test_defaults_decode_byte_identically_to_the_old_entry_points(seed):
     model = Random(seed)
     ctx = context(model, 3)
-    assert fast_path(DecodingConfig()) == "beam"
+    assert DecodingConfig().options() == Beam(5, 16)  # plain hooks: the settling search
     new = decode(model, ctx, DecodingConfig(), VOCAB)
     old = beam_search(model, ctx, 5, 16)
     assert torch.equal(new.tokens, old.tokens) and torch.equal(new.logprobs, old.logprobs)
@@ -149,7 +150,7 @@ def test_defaults_decode_byte_identically_to_the_old_entry_points(seed):
     for beam in (5, 1):
         before = predict(model, VOCAB, [batch], torch.device("cpu"), beam_size=beam, max_len=16)
         after = predict(model, VOCAB, [batch], torch.device("cpu"),
-                        decoding=EvalConfig(beam_size=beam).decoding)
+                        EvalConfig(beam_size=beam).decoding)
         assert [(p.image_id, p.words, p.logprob, p.rank) for p in before] == \
             [(p.image_id, p.words, p.logprob, p.rank) for p in after]
 
@@ -589,17 +590,17 @@ def test_a_ctrl_c_ends_a_commands_decode_at_once_in_one_line(default_sigint, how
     config = options(max_len=20, **how)
     torch.manual_seed(0)
     first = Signalled(signal.SIGINT, at=10 ** 6)  # never: how many steps the first batch takes
-    predict(first, VOCAB, batches(2), torch.device("cpu"), decoding=config)
+    predict(first, VOCAB, batches(2), torch.device("cpu"), config)
     torch.manual_seed(0)
     model = Signalled(signal.SIGINT, at=first.steps + 2)
     with pytest.raises(CapstackError, match=r"^interrupted \(Ctrl-C\) while decoding, after 2 "
                                             r"of 6 images: nothing written$"):
-        predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config, progress=6)
+        predict(model, VOCAB, batches(6), torch.device("cpu"), config, progress=6)
     assert model.after == 0
     # a decode that is no command's (a training's validation) is interrupted as it was
     model = Signalled(signal.SIGINT, at=3)
     with pytest.raises(KeyboardInterrupt):
-        predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config)
+        predict(model, VOCAB, batches(6), torch.device("cpu"), config)
     assert model.after == 0
 
 
@@ -610,8 +611,7 @@ def test_sigterm_passes_through_a_commands_decode_at_once():
     try:
         model = Signalled(signal.SIGTERM, at=4)
         with pytest.raises(Terminated, match="stopped by SIGTERM"):
-            predict(model, VOCAB, batches(6), torch.device("cpu"),
-                    decoding=options(beam_size=3), progress=6)
+            predict(model, VOCAB, batches(6), torch.device("cpu"), options(beam_size=3), progress=6)
         assert model.after == 0
     finally:
         signal.signal(signal.SIGTERM, before)
@@ -629,7 +629,7 @@ def test_a_commands_decode_shows_a_progress_bar_over_the_images_on_a_terminal(mo
     model, config = Random(0, images=6), options(beam_size=3)
     for stderr, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr("sys.stderr", stderr)
-        preds = predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config,
+        preds = predict(model, VOCAB, batches(6), torch.device("cpu"), config,
                         progress=6)
         assert [p.image_id for p in preds] == list(range(6))
         bar = stderr.getvalue()
@@ -638,7 +638,7 @@ def test_a_commands_decode_shows_a_progress_bar_over_the_images_on_a_terminal(mo
         assert (bar == "") == (not shown)
     terminal = Terminal()
     monkeypatch.setattr("sys.stderr", terminal)
-    predict(model, VOCAB, batches(6), torch.device("cpu"), decoding=config)  # no command's
+    predict(model, VOCAB, batches(6), torch.device("cpu"), config)  # no command's
     assert terminal.getvalue() == ""
 
 
@@ -720,3 +720,35 @@ def test_evaluate_stopped_while_decoding_ends_at_once_writing_nothing(
     assert len(out.output.strip().splitlines()) == 1
     assert re.match(message, out.output.strip()), out.output
     assert not (tmp_path / "e").exists()
+
+
+# ------------------------------------------------------------------------- one beam search
+
+
+def test_every_search_decodes_what_the_two_beam_searches_decoded_before_their_merge():
+    """tests/data/beam_search_before_merge.json: captions and scores that the settling beam
+    search (the defaults) and the general one (length penalties, diverse groups, blocking, n
+    best, temperature) gave before they became one function, for random Markov decoders."""
+    recorded = json.loads((Path(__file__).parent / "data" / "beam_search_before_merge.json")
+                          .read_text())
+    for case in recorded:
+        model = Random(case["seed"], 4)
+        got = decode(model, context(model, 4), DecodingConfig(**{"max_len": 8,
+                                                                 **case["options"]}), VOCAB)
+        assert got.tokens.tolist() == case["tokens"], case["options"]
+        assert got.scores.tolist() == pytest.approx(case["scores"], rel=1e-6, abs=1e-6)
+
+
+def test_the_beam_has_one_default_the_experiments_eval_block():
+    """evaluate and caption both leave --beam to the experiment's eval.beam_size, and lay their
+    options over eval: in one place."""
+    from cli import main
+    from trainer.evaluation.evaluate import eval_settings
+
+    for name in ("evaluate", "caption"):
+        beam = next(p for p in main.commands[name].params if p.name == "beam_size")
+        assert beam.default is None, name
+    saved = EvalConfig(beam_size=3)
+    assert eval_settings(saved, {"max_len": 16}, "capstack caption").beam_size == 3
+    assert eval_settings(saved, {"max_len": 16}, beam_size=7).beam_size == 7
+    assert EvalConfig().beam_size == DecodingConfig().beam_size == 5

@@ -8,11 +8,11 @@ import torch
 
 from pipeline.captions.prepared import load_captions
 from trainer.config import load_experiment
-from trainer.decode import sample
+from trainer.decoding import sample
 from trainer.objectives.discriminator_rounds import (DiscriminatorSchedule, discrimination,
                                                      dropout_off, global_token_rows, with_bos)
 from trainer.objectives.interleaved_pretraining import batches_between
-from trainer.train import Run
+from trainer.training.build import build
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
 
@@ -45,7 +45,7 @@ def test_ds_held_out_accuracy_rises_above_chance_within_a_few_rounds(toy, tmp_pa
                                    "objective.discriminator.lr=3e-3",
                                    "objective.discriminator.heldout_images=8"])
     (tmp_path / "run").mkdir()
-    run = Run(config, tmp_path / "run")
+    run = build(config, tmp_path / "run")
     batch = next(iter(run.batches.epoch(0))).to(run.device)
     rounds = run.objective.rounds
     first = rounds.heldout_scores(run.model, seed=0)["heldout_accuracy"]
@@ -61,7 +61,7 @@ def test_a_round_trains_d_only_and_draws_the_same_sets_again_from_the_same_state
                                    "objective.discriminator.epochs=1",
                                    "objective.discriminator.heldout_images=4"])
     (tmp_path / "run").mkdir()
-    run = Run(config, tmp_path / "run")
+    run = build(config, tmp_path / "run")
     batch = next(iter(run.batches.epoch(0))).to(run.device)
     generator = {k: v.clone() for k, v in run.model.state_dict().items()
                  if not k.startswith("discriminator.")}
@@ -119,7 +119,7 @@ def test_the_adversarial_loss_scores_the_policy_that_sampled(toy, tmp_path):
     config = load_experiment(exp, ["objective.name=adversarial", "objective.rollouts=2",
                                    "decoder.dropout=0.5"])
     (tmp_path / "adv").mkdir()
-    run = Run(config, tmp_path / "adv")
+    run = build(config, tmp_path / "adv")
     run.model.train()
     batch = next(iter(run.batches.epoch(0))).to(run.device)
     key = StepKey(0, 0, 0)
@@ -164,8 +164,8 @@ def test_a_sets_references_keep_their_end_when_samples_are_shorter(toy, tmp_path
     root, exp = toy
     config = load_experiment(exp, ["train.max_len=3", "objective.discriminator.images=4"])
     (tmp_path / "run").mkdir()
-    run = Run(config, tmp_path / "run")
-    train = run.split_batches("train")
+    run = build(config, tmp_path / "run")
+    train = run.objective.setting.batches("train")
     rows = train.rows[:4]
     drawn = run.objective.rounds.caption_set(run.model, train, rows, np.random.default_rng(0), (0,))
     real, fake = drawn.real, drawn.fake

@@ -13,9 +13,9 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID, Vocabulary
-from trainer.decode import beam_search, greedy, sample
+from trainer.decoding import beam_search, greedy, sample
 from trainer.decoders.base import Decoder, per_row
-from trainer.decoding_options import DecodingConfig, decode
+from trainer.decoding import DecodingConfig, decode
 from trainer.ensemble import Ensemble, mean_probability_logits
 
 WORDS = ["a", "dog", "cat", "grass"]

@@ -259,7 +259,7 @@ def test_a_checkpoint_of_pickled_objects_is_named_in_one_line_never_advising_wei
 
 def test_a_fifo_where_a_checkpoint_is_read_is_named_not_called_missing(tmp_path):
     from trainer.config import experiment_from_dict
-    from trainer.training.resume import starting_checkpoint
+    from trainer.training.build import starting_checkpoint
 
     (tmp_path / "run").mkdir()
     os.mkfifo(tmp_path / "run" / "best.pt")

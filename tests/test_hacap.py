@@ -12,7 +12,10 @@ from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from trainer.config import load_experiment
 from trainer.modules.sru import SRU, SRUCell
 from trainer.objectives.adversarial import rank_rewards
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training import loop
+from trainer.training.build import build
+from trainer.training.position import Position
 from trainer_fixtures import (make_decoder, make_prepared, mean_xe, tiny_decoder_config,
                               write_experiment, write_feature_store)
 
@@ -256,13 +259,13 @@ def test_the_ml_phase_resumes_exactly_across_ds_rounds(ml_run, tmp_path):
 
 def test_an_adversarial_step_raises_ds_score_of_the_generators_samples(ml_run, tmp_path):
     from trainer.checkpoint import load_checkpoint
-    from trainer.decode import sample
+    from trainer.decoding import sample
     from trainer.objectives.adversarial import with_bos
 
     root, exp = ml_run
     config = load_experiment(exp, ADVERSARIAL + [f"train.init_from={root / 'ml'}",
                                                  "objective.ml_every=100", "train.lr=5e-2"])
-    run = Run(config, tmp_path / "adv")
+    run = build(config, tmp_path / "adv")
     run.model.load_state_dict(load_checkpoint(root / "ml" / "best.pt")["model"])
     run.objective.rounds.run = lambda *args: {}  # the generator moves, D stays
     batch = next(iter(run.batches.epoch(0))).to(run.device)
@@ -278,7 +281,7 @@ def test_an_adversarial_step_raises_ds_score_of_the_generators_samples(ml_run, t
     d_before = {k: v.clone() for k, v in run.model.discriminator.state_dict().items()}
     for _ in range(5):
         run.model.train()
-        stats = run.train_step(batch)
+        stats = loop.train_step(run, Position.fresh("cider"), batch)
         assert "intrinsic" in stats  # adversarial steps
     after = score_of_samples()
     assert all(torch.equal(v, run.model.discriminator.state_dict()[k]) for k, v in d_before.items())

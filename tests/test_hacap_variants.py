@@ -18,7 +18,7 @@ from pipeline.core.errors import CapstackError
 from trainer.batch import TrainBatch, whole_batch
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import experiment_from_dict, load_experiment
-from trainer.decode import SamplingNoise, sample
+from trainer.decoding import SamplingNoise, sample
 from trainer.objectives.adversarial import (Adversarial, AdversarialConfig,
                                             code_generation_scale, code_negatives_scale,
                                             position_rewards, to_global_width)
@@ -27,7 +27,10 @@ from trainer.objectives.discriminator_rounds import (CaptionSet, dropout_off, gl
                                                      with_bos)
 from trainer.objectives.scst import drawn_mask, generated_mask
 from trainer.rewards.intrinsic import intrinsic_rewards
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training import loop
+from trainer.training.build import build
+from trainer.training.position import Position
 from test_hacap import caption_rows  # token rows of VOCAB (20) words, <bos> first
 from trainer_fixtures import (make_decoder, make_prepared, tiny_decoder_config, write_experiment,
                               write_feature_store)
@@ -359,9 +362,9 @@ def test_a_d_that_reads_the_image_trains_in_rounds_and_scores_rollouts(data, tmp
     exp = experiment(root, prepared, store, "image", discriminator_reads_image=True)
     config = load_experiment(exp)
     (tmp_path / "run").mkdir()
-    run = Run(config, tmp_path / "run")
+    run = build(config, tmp_path / "run")
     rounds = run.objective.rounds
-    train_split = run.split_batches("train")
+    train_split = run.objective.setting.batches("train")
     drawn = rounds.caption_set(run.model, train_split, train_split.rows[:4],
                                np.random.default_rng(0), (0,))
     assert drawn.images is not None and drawn.images.shape == (4, 16)
@@ -380,11 +383,11 @@ def test_a_d_that_reads_the_image_trains_in_rounds_and_scores_rollouts(data, tmp
 
     adversarial = load_experiment(exp, ADVERSARIAL + ["objective.ml_every=100"])
     (tmp_path / "adv").mkdir()
-    adv = Run(adversarial, tmp_path / "adv")
+    adv = build(adversarial, tmp_path / "adv")
     adv.model.load_state_dict(run.model.state_dict())
     before = {k: v.clone() for k, v in adv.model.state_dict().items()
               if not k.startswith("discriminator.")}
     adv.model.train()
-    step = adv.train_step(batch)
+    step = loop.train_step(adv, Position.fresh("cider"), batch)
     assert "intrinsic" in step and np.isfinite(step["loss"]) and "d_loss" in step
     assert any(not torch.equal(v, adv.model.state_dict()[k]) for k, v in before.items())

@@ -205,7 +205,7 @@ def test_runs_notes_a_fifo_state_json_and_sigterm_stops_it(tmp_path, monkeypatch
 
 
 def test_a_fifo_as_a_training_log_is_refused_not_waited_on(tmp_path):
-    from trainer.training.run import append_line
+    from trainer.training.log import append_line
 
     def waited(signum, frame):
         raise TimeoutError("append_line waited for a reader of the FIFO")

@@ -25,7 +25,7 @@ from rtl_fixtures import peer_options, transformer_state, updown_state, write_pe
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.decoders.transformer import UnbiasedStdNorm
-from trainer.decoding_options import DecodingConfig, decode
+from trainer.decoding import DecodingConfig, decode
 from trainer.evaluation.evaluate import evaluate_checkpoint, load_model
 from trainer.train import train
 from trainer_fixtures import make_prepared, write_feature_store

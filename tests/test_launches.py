@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.batch import TrainBatch, whole_batch
-from trainer.decode import SamplingNoise, _EndCheck, sample
+from trainer.decoding.words import SamplingNoise, _EndCheck, sample
 from trainer.launches import StepCount, host_side
 from trainer.objectives import Setting, StepKey
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig

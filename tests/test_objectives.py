@@ -15,7 +15,10 @@ from trainer.config import load_experiment
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.cross_entropy import CrossEntropy, CrossEntropyConfig
 from trainer.objectives.token_cross_entropy import token_cross_entropy
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training import loop
+from trainer.training.build import build
+from trainer.training.position import Position
 from trainer_fixtures import logged, prepared_with_grid, write_experiment
 
 
@@ -98,13 +101,13 @@ def test_the_critic_learns_with_its_optimiser_and_the_decoder_with_the_loops(dat
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[store], epochs=1,
                             objective={"name": "test_xe_with_critic"})
-    run = Run(load_experiment(path), tmp_path / "run")
+    run = build(load_experiment(path), tmp_path / "run")
     decoder_params = {id(p) for p in run.model.parameters()}
     in_optimizer = {id(p) for group in run.optimizer.param_groups for p in group["params"]}
     assert in_optimizer == decoder_params
     critic_before = run.objective.critic.weight.detach().clone()
     for batch in run.batches.epoch(0):
-        stats = run.train_step(batch)
+        stats = loop.train_step(run, Position.fresh("cider"), batch)
     assert "critic_loss" in stats and not torch.equal(critic_before, run.objective.critic.weight)
 
 

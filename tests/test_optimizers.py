@@ -13,7 +13,8 @@ from pipeline.core.errors import CapstackError
 from trainer.checkpoint import load_checkpoint
 from trainer.config import load_experiment
 from trainer.optimizers import OPTIMIZERS
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training.build import build
 from trainer_fixtures import logged, prepared_with_grid, write_experiment
 
 
@@ -41,7 +42,7 @@ def test_each_optimiser_is_built_with_its_settings_over_the_decoders_groups(
         experiment, tmp_path, name, settings, torch_class, expected):
     config = load_experiment(experiment, [f"train.optimizer={settings[:-1]}, name: {name}}}",
                                           "train.lr=0.003"])
-    run = Run(config, tmp_path / "run")
+    run = build(config, tmp_path / "run")
     assert type(run.optimizer) is torch_class
     group = run.optimizer.param_groups[0]
     assert group["lr"] == 0.003 and {k: group[k] for k in expected} == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from pipeline.captions.vocab import EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
-from trainer.decode import sample
+from trainer.decoding import sample
 from trainer.objectives.scst import (drawn_mask, generated_mask, mean_of_others, scst_loss,
                                      words_and_lengths)
 from trainer.rewards.cider_cache import build_cache
@@ -124,8 +125,8 @@ def test_scst_refuses_a_cache_of_another_vocabulary(xe_run, tmp_path):
 
 def test_rl_can_start_with_the_xe_runs_optimiser_state_at_its_own_lr(xe_run, tmp_path):
     from trainer.checkpoint import load_checkpoint
-    from trainer.training.resume import start_from
-    from trainer.training.run import Run
+    from trainer.training.build import build
+    from trainer.training.resume import load_start
 
     root, _, exp = xe_run
     start = root / "xe" / "best.pt"
@@ -134,9 +135,9 @@ def test_rl_can_start_with_the_xe_runs_optimiser_state_at_its_own_lr(xe_run, tmp
     saved = load_checkpoint(start)["optimizer"]
     for carried in (False, True):
         (tmp_path / f"rl-{carried}").mkdir()
-        run = Run(load_experiment(exp, rl + [f"train.init_optimizer={carried}"]),
-                  tmp_path / f"rl-{carried}")
-        start_from(run, str(start))
+        run = build(load_experiment(exp, rl + [f"train.init_optimizer={carried}"]),
+                    tmp_path / f"rl-{carried}")
+        load_start(run, str(start))
         state = run.optimizer.state_dict()
         assert bool(state["state"]) == carried  # a fresh Adam has no moments
         if carried:
@@ -165,17 +166,20 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
     from trainer.evaluation.predict import predict
     from trainer.objectives import Setting
     from trainer.objectives.scst import SelfCritical, SelfCriticalConfig
-    from trainer.train import Run
+    from trainer.training import loop
+    from trainer.training.build import build
+    from trainer.training.position import Position
 
     root, _, exp = xe_run
     config = load_experiment(exp, ["objective.name=scst", *cider_d(root / 'cider.npz'),
                                    "train.lr=2e-2", "train.batch_size=6"])
-    run = Run(config, tmp_path / "rl")
+    run = build(config, tmp_path / "rl")
     run.model.load_state_dict(load_checkpoint(root / "xe" / "best.pt")["model"])
     word = run.captions.vocab.wtoi["red"] if "red" in run.captions.vocab.wtoi else 4
     rewarding = SelfCriticalConfig(reward=None, samples=8, baseline="mean")
-    run.objective = run.loss.objective = SelfCritical(rewarding, Setting(run.captions, 8),
-                                                      scorer=WordCount(word))
+    objective = SelfCritical(rewarding, Setting(run.captions, 8), scorer=WordCount(word))
+    run = replace(run, objective=objective)
+    run.loss.objective = objective
 
     def share_saying_it():
         preds = predict(run.model, run.captions.vocab,
@@ -185,7 +189,7 @@ def test_scst_moves_the_greedy_decode_towards_the_reward(xe_run, tmp_path):
     before = share_saying_it()
     for epoch in range(30):
         for batch in run.batches.epoch(epoch):
-            run.train_step(batch)
+            loop.train_step(run, Position.fresh("cider"), batch)
     after = share_saying_it()
     assert after > before and after >= 0.75, (before, after)
 

@@ -1,5 +1,5 @@
 """Which epoch best.pt keeps (train.select_on), and what epochs without a better one do
-(train.lr_decay_patience, train.early_stop_patience): trainer/selection.py.
+(train.lr_decay_patience, train.early_stop_patience): trainer/training/selection.py.
 
 Real runs on the shapes captions, with the validation scores scripted: which epoch is best is
 then known beforehand, whatever the tiny decoder learns.
@@ -35,7 +35,7 @@ def scripted(monkeypatch):
     """Each validation returns the next of the given epochs' scores."""
     def script(*epochs: dict[str, float]):
         given = iter(epochs)
-        monkeypatch.setattr("trainer.training.run.validate", lambda *a, scores, **k: {
+        monkeypatch.setattr("trainer.training.loop.greedy_scores", lambda *a, scores, **k: {
             name: value for name, value in next(given).items() if name in scores})
     return script
 

@@ -16,7 +16,8 @@ from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training import loop
 from trainer_fixtures import (cider_d, grid_and_region_stores, train_losses, write_experiment,
                               write_feature_store)
 
@@ -134,18 +135,18 @@ def test_resume_mid_epoch_from_a_step_checkpoint(data, tmp_path, monkeypatch):
     path = write_experiment(tmp_path / "exp.yaml", decoder="top_down", captions=prepared,
                             features=[grid], epochs=2, checkpoint_every=2)
     train(load_experiment(path), tmp_path / "whole", progress=False)
-    real_step, calls = Run.train_step, []
+    real_step, calls = loop.train_step, []
 
-    def dies_at_step_3(self, batch):
+    def dies_at_step_3(parts, position, batch):
         calls.append(1)
         if len(calls) == 3:  # after the step-2 checkpoint: a kill in the middle of epoch 0
             raise KeyboardInterrupt
-        return real_step(self, batch)
+        return real_step(parts, position, batch)
 
-    monkeypatch.setattr(Run, "train_step", dies_at_step_3)
+    monkeypatch.setattr(loop, "train_step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         train(load_experiment(path), tmp_path / "split", progress=False)
-    monkeypatch.setattr(Run, "train_step", real_step)
+    monkeypatch.setattr(loop, "train_step", real_step)
     resumed = train(load_experiment(path), tmp_path / "split", progress=False)
     assert resumed.resumed_at == (0, 2)
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")

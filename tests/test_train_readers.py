@@ -17,7 +17,8 @@ from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
 from trainer.data import Features, TrainBatches
 from trainer.runs import RunRecord
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training import loop
 from trainer_fixtures import grid_and_region_stores, train_losses, write_experiment
 
 
@@ -61,18 +62,18 @@ def test_losses_with_and_without_readers_are_identical_and_resume_alike(data, tm
     train(load_experiment(path, ["data.readers=2"]), tmp_path / "readers2", progress=False)
     assert train_losses(tmp_path / "readers2") == train_losses(tmp_path / "readers0")
 
-    real_step, calls = Run.train_step, []
+    real_step, calls = loop.train_step, []
 
-    def dies_at_step_3(self, batch):
+    def dies_at_step_3(parts, position, batch):
         calls.append(1)
         if len(calls) == 3:  # after the step-2 checkpoint: a kill in the middle of epoch 0
             raise KeyboardInterrupt
-        return real_step(self, batch)
+        return real_step(parts, position, batch)
 
-    monkeypatch.setattr(Run, "train_step", dies_at_step_3)
+    monkeypatch.setattr(loop, "train_step", dies_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         train(load_experiment(path, ["data.readers=2"]), tmp_path / "split", progress=False)
-    monkeypatch.setattr(Run, "train_step", real_step)
+    monkeypatch.setattr(loop, "train_step", real_step)
     # resumed with another number of readers: readers may change between a run and its resume
     resumed = train(load_experiment(path, ["data.readers=1"]), tmp_path / "split",
                     progress=False)
@@ -86,19 +87,19 @@ def test_a_killed_reader_is_named_and_the_run_recorded_failed_with_its_checkpoin
     path = write_experiment(tmp_path / "exp.yaml", decoder="top_down", captions=prepared,
                             features=[grid], epochs=1, checkpoint_every=1)
     overrides = ["data.readers=2", "train.batch_size=1"]  # more batches than the readers' lead
-    real_step, real_end, calls = Run.train_step, RunRecord.end, []
+    real_step, real_end, calls = loop.train_step, RunRecord.end, []
 
-    def kills_a_reader_at_step_3(self, batch):
+    def kills_a_reader_at_step_3(parts, position, batch):
         calls.append(1)
         if len(calls) == 3:  # as the out-of-memory killer does
             os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
-        return real_step(self, batch)
+        return real_step(parts, position, batch)
 
     def ends_with_another_child_gone(self, error=None):
         os.kill(os.getpid(), signal.SIGCHLD)  # another child ending as the run records its end
         real_end(self, error)
 
-    monkeypatch.setattr(Run, "train_step", kills_a_reader_at_step_3)
+    monkeypatch.setattr(loop, "train_step", kills_a_reader_at_step_3)
     monkeypatch.setattr(RunRecord, "end", ends_with_another_child_gone)
     with pytest.raises(CapstackError, match=r"^data\.readers: reader process \d of 2 \(pid \d+\) "
                                             r"was killed by SIGKILL .* batch \d+ of epoch 1") \
@@ -109,6 +110,6 @@ def test_a_killed_reader_is_named_and_the_run_recorded_failed_with_its_checkpoin
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert state["state"] == "failed" and "SIGKILL" in state["error"]
     assert "\n" not in state["error"]
-    monkeypatch.setattr(Run, "train_step", real_step)
+    monkeypatch.setattr(loop, "train_step", real_step)
     resumed = train(load_experiment(path, overrides[1:]), tmp_path / "run", progress=False)
     assert resumed.resumed_at == (0, awaited - 1)  # from the last checkpoint, kept

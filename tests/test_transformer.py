@@ -16,7 +16,7 @@ from pipeline.captions.vocab import PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
 from trainer.data import caption_tensor
-from trainer.decode import beam_search, greedy
+from trainer.decoding import beam_search, greedy
 from trainer.decoders.transformer import Transformer  # registers "transformer"
 from trainer.rewards.cider_cache import build_cache
 from trainer.train import train
@@ -187,7 +187,7 @@ def test_an_xe_run_then_scst_train_it_on_region_features_with_box_geometry(tmp_p
 def test_an_scst_loss_reaches_every_parameter(few):
     """REINFORCE through sampled words: the encoder, every decoder layer (through the cache) and
     the embeddings all get a gradient."""
-    from trainer.decode import sample
+    from trainer.decoding import sample
     from trainer.objectives.scst import generated_mask, scst_loss
 
     feats, mask, _, vocab_size = few

@@ -20,7 +20,8 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.runlock import exclusive_beside
 from trainer.config import load_experiment
 from trainer.runs import evaluation_folder, list_runs
-from trainer.train import Run, train
+from trainer.train import train
+from trainer.training import loop
 from trainer_fixtures import make_prepared, write_experiment, write_feature_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,15 +54,15 @@ def log_entries(run_dir: Path, kind: str) -> list[dict]:
 
 
 def dies_at_call(monkeypatch, n: int, error: BaseException) -> None:
-    real_step, calls = Run.train_step, []
+    real_step, calls = loop.train_step, []
 
-    def step(self, batch):
+    def step(parts, position, batch):
         calls.append(1)
         if len(calls) == n:
             raise error
-        return real_step(self, batch)
+        return real_step(parts, position, batch)
 
-    monkeypatch.setattr(Run, "train_step", step)
+    monkeypatch.setattr(loop, "train_step", step)
 
 
 # -- the line per epoch -------------------------------------------------------------------------

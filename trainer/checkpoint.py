@@ -20,8 +20,11 @@ from __future__ import annotations
 import hashlib
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+import pipeline
 
 from pipeline.captions.vocab import Vocabulary, digest_words
 from pipeline.core.atomic import atomic_file
@@ -31,6 +34,9 @@ from pipeline.core.torch_files import load_tensors
 from trainer import upgrade
 from trainer.config import experiment_from_dict
 from trainer.upgrade import FIRST_FORMAT
+
+if TYPE_CHECKING:
+    from trainer.data import Features
 
 FORMAT = "capstack-checkpoint-2"
 DIGEST = "content_sha256"  # what content_digest gave at save time
@@ -52,6 +58,24 @@ def identity(decoder: str, decoder_config: dict, vocab_itow: list[str], stores: 
         "vocab": {"size": len(vocab_itow),
                   "md5": digest_words(vocab_itow)},
         "stores": [{"fingerprint": s["fingerprint"]} for s in stores],
+    }
+
+
+def payload(identity: dict, experiment: dict, vocab: Vocabulary, features: Features,
+            model: dict, table: dict, position: dict, *, optimizer: dict | None = None,
+            objective: dict | None = None, precision: dict | None = None,
+            scheduler: dict | None = None, start: dict | None = None, **more) -> dict:
+    """A checkpoint's content, in the one form training and ``import-checkpoint`` write: what
+    the decoder is and was trained on, its weights, the training's states (an import's empty),
+    where the run stands (``position``: trainer/training/position.py's record) and the start
+    it was given (``train.init_from``'s digest); ``more`` after them (an import's origin)."""
+    return {
+        "identity": identity, "experiment": experiment, "vocab": vocab.to_json(),
+        "stores": [{**d, "meta": s.meta} for d, s in zip(features.describe(), features.stores)],
+        "feature_dim": features.feature_dim, "model": model, "optimizer": optimizer or {},
+        "objective": objective or {}, "precision": precision or {}, "table": table,
+        "scheduler": scheduler or {}, **position, "start": start,
+        "capstack_version": pipeline.__version__, **more,
     }
 
 

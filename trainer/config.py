@@ -9,7 +9,7 @@ registered class and whose other keys fill that class's own config dataclass::
     objective: {name: xe}        # or {name: scst, samples: 5, reward: {name: cider-d, cache: ...}}
     data: {captions: data/prepared, features: [data/features/grid.json]}
     train: {epochs: 10, batch_size: 50, lr: 4.0e-4}  # optimizer: {name: adam} unless given
-    eval: {beam_size: 5}  # or {search: diverse, group_size: 2}: trainer/decoding_options.py
+    eval: {beam_size: 5}  # or {search: diverse, group_size: 2}: trainer/decoding/options.py
 
 Everything is checked when the file is read, before a store or a model is
 opened: types, choices, each component's own checks, and whether the objective
@@ -59,7 +59,7 @@ from trainer.bounds import (MAX_BATCH, MAX_CAPTION_WORDS, MAX_EPOCHS, MAX_FIGURE
 from trainer import upgrade
 from trainer.components import Component, component, file_form
 from trainer.decoders import DECODERS, build_decoder
-from trainer.decoding_options import DecodingConfig
+from trainer.decoding import DecodingConfig
 from trainer.objectives import OBJECTIVES
 from trainer.optimizers import OPTIMIZERS
 from trainer.scoring.metrics import selectable
@@ -93,7 +93,7 @@ class TrainConfig:
     grad_clip: float = bounded(5.0, 0)  # max gradient norm; 0 disables
     lr_decay_every: int = bounded(0, 0, MAX_EPOCHS)  # epochs; 0 keeps lr constant
     lr_decay_rate: float = bounded(0.8, above=0, high=1)
-    # trainer/selection.py: what best.pt keeps, and what epochs without a better one do
+    # trainer/training/selection.py: what best.pt keeps, and what epochs without a better one do
     select_on: str = "cider"  # the greedy validation score best.pt keeps: a metric's key
     lr_decay_patience: int = bounded(0, 0, MAX_EPOCHS)  # lr x lr_decay_rate each N such; 0: never
     early_stop_patience: int = bounded(0, 0, MAX_EPOCHS)  # stop after N such epochs; 0: never
@@ -131,7 +131,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig(DecodingConfig):
     """How ``capstack evaluate`` decodes (the fields of
-    :class:`~trainer.decoding_options.DecodingConfig`: beam size, length, search, sampling,
+    :class:`~trainer.decoding.DecodingConfig`: beam size, length, search, sampling,
     length penalty, constraints, captions per image) and what it scores and draws."""
 
     split: Literal["train", "val", "test"] = "test"

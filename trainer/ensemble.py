@@ -7,8 +7,8 @@ the rule of self-critical.pytorch's ``AttEnsemble`` (the mean of the members' pr
 not of their log-probabilities or logits, so a word one member rules out is not ruled out by
 the ensemble). :class:`Ensemble` is a :class:`~trainer.decoders.base.Decoder`: its ``encode``,
 ``init_state`` and ``step`` are the members' side by side, and its step's "logits" are the log
-of the mean distribution, already normalised. So every search of trainer/decode.py and
-trainer/decoding_options.py (greedy, beam, diverse, sampling, every rule) decodes an ensemble
+of the mean distribution, already normalised. So every search of trainer/decoding/
+(greedy, beam, diverse, sampling, every rule) decodes an ensemble
 unchanged: a temperature tempers the mean distribution, and the recorded log-probabilities are
 the ensemble's.
 

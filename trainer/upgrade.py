@@ -18,7 +18,8 @@ What is read, and how:
 - the same as ``--set`` overrides (:func:`override`);
 - a checkpoint's decoder identity saved before a decoder setting existed: the setting at its
   default, which is what that run did (:func:`with_new_decoder_settings`); its table labels
-  when it was saved before checkpoints recorded them.
+  when it was saved before checkpoints recorded them; the run's fields added since
+  (:func:`with_run_fields`: the kept score, the precision's state, the start, the epoch's loss).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def checkpoint(payload: dict) -> dict:
     payload["experiment"] = read_old_keys(payload["experiment"], payload["path"])
     if not isinstance(payload.get("table"), dict):  # saved before checkpoints said it
         payload["table"] = table_labels_of(payload["experiment"])
-    return payload
+    return with_run_fields(payload)
 
 
 # ------------------------------------------------------------------------- the flat form
@@ -253,6 +254,19 @@ def first_format_checkpoint(payload: dict) -> dict:
                            "vocab": old["vocab"],
                            "stores": [{"fingerprint": s["fingerprint"]} for s in old["stores"]]}
     payload.setdefault("objective", {"modules": {}, "optimizers": {}, "extra": {}})
+    return payload
+
+
+def with_run_fields(payload: dict) -> dict:
+    """A run's fields added to checkpoints since the first, as a run saved without them had
+    them: the score best.pt was kept on (CIDEr, before ``train.select_on``), no precision's
+    state (before ``train.amp``), no start digest (before ``train.init_from`` was checked on
+    resume), and no loss of the epoch so far (before runs kept it: a resumed epoch's mean is
+    then of the steps run from the checkpoint)."""
+    payload.setdefault("best_score", payload["best_cider"])
+    payload.setdefault("precision", {})
+    payload.setdefault("start", None)
+    payload.setdefault("epoch_loss", [0.0, 0])
     return payload
 
 

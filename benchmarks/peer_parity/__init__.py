@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from common import imports_from
+
 
 @dataclass
 class Difference:
@@ -46,13 +48,12 @@ def recognise(folder: Path, kinds: list[PeerKind]) -> PeerKind:
 
 @contextmanager
 def importable(folder: Path):
-    """The peer's packages importable (first on sys.path), and an argv of the program name
-    alone so a peer's option parser reads its defaults."""
+    """The peer's packages importable (first on the import path), and an argv of the program
+    name alone so a peer's option parser reads its defaults."""
     argv = sys.argv
-    sys.path.insert(0, str(folder))
     sys.argv = [argv[0]]
     try:
-        yield
+        with imports_from(folder):
+            yield
     finally:
         sys.argv = argv
-        sys.path.remove(str(folder))

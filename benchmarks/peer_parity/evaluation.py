@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -44,7 +45,6 @@ NEEDED = ("pycocoevalcap/eval.py", "pycocoevalcap/meteor/meteor-1.5.jar",
 DRIVER = r'''
 import json, sys, types
 peer, work = sys.argv[1], sys.argv[2]
-sys.path[:0] = [work + "/coco-caption", peer]
 
 
 class Unavailable:
@@ -149,8 +149,10 @@ def run_peer(peer: Path, candidates: dict[int, str], references: dict[int, list[
     preds = [{"image_id": image_id, "caption": caption, "perplexity": 0.0, "entropy": 0.0}
              for image_id, caption in candidates.items()]
     (work / "preds.json").write_text(json.dumps(preds))
+    path = os.pathsep.join([str(work / "coco-caption"), str(peer),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run([sys.executable, "-c", DRIVER, str(peer), str(work)], cwd=work,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
     if done.returncode != 0:
         raise SystemExit(f"{peer}: eval_utils.language_eval failed (exit {done.returncode}):\n"
                          f"{done.stderr[-2000:]}")

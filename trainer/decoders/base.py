@@ -1,7 +1,7 @@
 """What every decoder is: ``encode`` once per image, ``init_state``, then ``step`` per word.
 
 Teacher forcing (:meth:`Decoder.forward`), greedy decoding, sampling and beam
-search (``trainer/decode.py``) all drive the same ``step``. A context is a dict of
+search (``trainer/decoding/``) all drive the same ``step``. A context is a dict of
 tensors whose first dimension is the image, [B, ...]; a state is a tuple of tensors
 whose first dimension is the row a decoder steps (a caption, a sample, a beam), and
 an image's rows are adjacent, k of them each: row r is image r // k's (``per_row``).

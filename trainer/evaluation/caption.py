@@ -5,7 +5,7 @@ caller passes ``extractor_for(meta, where)``, which rebuilds the extractor that
 made each store from its ``producer`` (``pipeline.features.extract.rebuild``),
 so the trainer itself never opens an image model. The features go through the
 same padding, dtype and box geometry as in training, then beam search, or the decoding the
-experiment's ``eval:`` block and the options given say (trainer/decoding_options.py).
+experiment's ``eval:`` block and the options given say (trainer/decoding/options.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,10 @@ from typing import Any, Callable, Mapping, Sequence
 from pipeline.core.errors import CapstackError
 from pipeline.features.stores.schema import Schema, check_meta
 from trainer.batch import EvalBatch
-from trainer.checkpoint import load_checkpoint
-from trainer.config import from_dict
 from trainer.data import batch_from_records, combine
-from trainer.decoding_options import DecodingConfig
-from trainer.evaluation.ensembles import load_ensemble
-from trainer.evaluation.evaluate import load_model
+from trainer.decoding import DecodingConfig
+from trainer.evaluation.ensembles import load_decoder
+from trainer.evaluation.evaluate import eval_settings
 from trainer.evaluation.figures import attention_figure
 from trainer.evaluation.predict import predict
 
@@ -66,8 +64,9 @@ CAPTION_BATCH = 16  # images decoded, extracted and beam-searched at once
 
 
 def caption_files(checkpoint: str | Path | Sequence[str | Path], paths: Sequence[Path],
-                  extractor_for: Callable[[dict, str], Callable], *, beam_size: int = 5,
-                  max_len: int = 16, attention: Path | None = None, device="cpu",
+                  extractor_for: Callable[[dict, str], Callable], *,
+                  beam_size: int | None = None, max_len: int = 16,
+                  attention: Path | None = None, device="cpu",
                   decoding: DecodingConfig | Mapping[str, Any] | None = None) -> list[Caption]:
     """Each image file's caption (beam search), :data:`CAPTION_BATCH` images at a time (their
     pixels, features and beams are what memory holds, however many images are given; all at
@@ -75,26 +74,22 @@ def caption_files(checkpoint: str | Path | Sequence[str | Path], paths: Sequence
     looked per word (:func:`attention_files` names them), drawn once every image is decoded,
     with a progress bar over the images (trainer/evaluation/predict.py).
 
-    The decoding is the experiment's ``eval:`` options with ``beam_size`` and ``max_len``, then
-    ``decoding`` laid over them (a mapping: the options it names; a :class:`DecodingConfig`:
-    all); with n captions per image, an image's come adjacent, ranked, and its picture is its
-    first's. ``checkpoint`` as a list (or tuple), even of one: the runs' ensemble
-    (trainer/ensemble.py), the first run's extractors and ``eval:`` options; it draws no
-    attention."""
+    The decoding is the experiment's ``eval:`` options (its ``beam_size`` unless one is given)
+    with ``max_len``, then ``decoding`` laid over them (a mapping: the options it names; a
+    :class:`DecodingConfig`: all); with n captions per image, an image's come adjacent,
+    ranked, and its picture is its first's. ``checkpoint`` as a list (or tuple), even of one:
+    the runs' ensemble (trainer/ensemble.py), the first run's extractors and ``eval:`` options;
+    it draws no attention."""
     figures = attention_files(attention, paths) if attention is not None else None
-    if not isinstance(checkpoint, (str, Path)):  # a list of runs
-        loaded = load_ensemble(list(checkpoint))  # refused unless one vocabulary and features
-        ckpt, model, vocab, config = (loaded.members[0].checkpoint, loaded.model, loaded.vocab,
-                                      loaded.config)
-    else:
-        ckpt = load_checkpoint(checkpoint)
-        model, vocab, config = load_model(ckpt)
+    loaded = load_decoder(checkpoint)  # an ensemble: refused unless one vocabulary, features
+    ckpt, model, vocab, config = (loaded.members[0].checkpoint, loaded.model, loaded.vocab,
+                                  loaded.config)
     model = model.to(device)
     if isinstance(decoding, DecodingConfig):
         decoding = asdict(decoding)
-    options = from_dict(DecodingConfig, {**asdict(config.eval.decoding), "beam_size": beam_size,
-                                         "max_len": max_len, **dict(decoding or {})},
-                        "capstack caption", "eval.")
+    given = {"max_len": max_len, **({} if beam_size is None else {"beam_size": beam_size})}
+    options = eval_settings(config.eval, {**given, **dict(decoding or {})},
+                            "capstack caption").decoding
     stores = [(s["path"], check_meta(s["meta"], s["path"])) for s in ckpt["stores"]]
     schemas = [Schema.from_meta(meta, where) for where, meta in stores]
     extractors = [extractor_for(meta, where) for where, meta in stores]
@@ -109,7 +104,7 @@ def caption_files(checkpoint: str | Path | Sequence[str | Path], paths: Sequence
             yield EvalBatch(list(range(start, start + len(chunk))), feats, mask, boxes)
 
     # every image decoded before a picture is drawn: a Ctrl-C while decoding leaves none
-    preds = predict(model, vocab, batches(), device, decoding=options, progress=len(paths))
+    preds = predict(model, vocab, batches(), device, options.decoding, progress=len(paths))
     out = []
     for p in preds:
         k = p.image_id  # the image's place among ``paths``

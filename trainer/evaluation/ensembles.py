@@ -72,6 +72,17 @@ def load_ensemble(checkpoints: Sequence[str | Path]) -> LoadedEnsemble:
     return LoadedEnsemble(Ensemble(models).eval(), vocab, members)
 
 
+def load_decoder(checkpoint: str | Path | Sequence[str | Path]) -> LoadedEnsemble:
+    """What evaluate, caption and their Python callers decode with: one run (a checkpoint or a
+    run folder: its decoder, ``ensemble`` False) or, given a list (or tuple, even of one), the
+    runs' ensemble (:func:`load_ensemble`)."""
+    if not isinstance(checkpoint, (str, Path)):  # a list of runs
+        return load_ensemble(list(checkpoint))
+    ckpt = load_checkpoint(checkpoint)
+    model, vocab, config = load_model(ckpt)
+    return LoadedEnsemble(model, vocab, [Member(ckpt, config)], ensemble=False)
+
+
 def refuse_mismatch(first: Member, other: Member) -> None:
     """Raise naming both runs unless they share a vocabulary and read the same features."""
     a, b = first.checkpoint, other.checkpoint

@@ -33,16 +33,16 @@ from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
 from pipeline.core.ranks import pick_device
 from pipeline.core.regular import NotRegular, read_text
-from trainer.checkpoint import check_identity, identity, load_checkpoint
+from trainer.checkpoint import check_identity, identity
 from trainer.objectives import table_labels_of
 from trainer.config import EvalConfig, ExperimentConfig, from_dict
 from trainer.data import Features, covered, eval_batches
-from trainer.decoding_options import DecodingConfig
-from trainer.evaluation.ensembles import (RUN_JOIN, LoadedEnsemble, Member, check_same_members,
-                                         joined, load_ensemble)
+from trainer.decoding import DecodingConfig
+from trainer.evaluation.ensembles import (RUN_JOIN, check_same_members, joined,
+                                         load_decoder)
 from trainer.evaluation.evaluations import GIVEN_RESULTS, recipe_digest
 from trainer.evaluation.figures import training_curves
-from trainer.evaluation.loaded import load_model
+from trainer.evaluation.loaded import load_model  # noqa: F401  (benchmarks import it here)
 from trainer.evaluation.pictures import Pictures
 from trainer.evaluation.predict import predict
 from trainer.scoring.metrics import STATISTICS_FILE, score_files, scored_images
@@ -79,15 +79,16 @@ def recipe_of(config: ExperimentConfig) -> dict:
 
 
 def eval_settings(saved: EvalConfig, decoding: DecodingConfig | Mapping[str, Any] | None = None,
-                  **given) -> EvalConfig:
+                  where: str = "capstack evaluate", **given) -> EvalConfig:
     """The experiment's ``eval:`` settings, with ``decoding``'s laid over them (a
     :class:`DecodingConfig`: all of its options; a mapping: the options it names) and then
-    those given on the command line (not None); checked as the ``eval:`` block is."""
+    those given on the command line (not None); checked as the ``eval:`` block is, refusals
+    naming ``where``. The one place evaluate and caption lay their options over ``eval:``."""
     if isinstance(decoding, DecodingConfig):
         decoding = asdict(decoding)
     chosen = {**asdict(saved), **dict(decoding or {}),
               **{k: v for k, v in given.items() if v is not None}}
-    return from_dict(EvalConfig, chosen, "capstack evaluate", "eval.")
+    return from_dict(EvalConfig, chosen, where, "eval.")
 
 
 def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: str | Path, *,
@@ -96,13 +97,13 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
                         max_refs: int | None = None, device: str = "auto", spice: bool = True,
                         decoding: DecodingConfig | Mapping[str, Any] | None = None) -> dict:
     """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given.
-    ``decoding`` lays decoding options over the experiment's (trainer/decoding_options.py):
+    ``decoding`` lays decoding options over the experiment's (trainer/decoding/options.py):
     a mapping such as ``{"search": "diverse", "group_size": 2}``, or a whole
     :class:`DecodingConfig`. ``checkpoint`` as a list (or tuple), even of one: the runs'
     ensemble (trainer/ensemble.py), decoded with the first run's data and ``eval:`` settings."""
     if not isinstance(checkpoint, (str, Path)):
         check_same_members(Path(out_dir), list(checkpoint))
-    loaded = _load(checkpoint)
+    loaded = load_decoder(checkpoint)
     model, vocab, config = loaded.model, loaded.vocab, loaded.config
     s = eval_settings(config.eval, decoding, split=split, beam_size=beam_size, max_len=max_len,
                       figures=figures, max_refs=max_refs)
@@ -117,7 +118,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
     check_evaluation_replaceable(Path(out_dir))
     dev = pick_device(device)
     preds = predict(model.to(dev), vocab, eval_batches(captions, features, s.split, EVAL_BATCH),
-                    dev, decoding=s.decoding, progress=len(captions.rows(s.split)))
+                    dev, s.decoding, progress=len(captions.rows(s.split)))
     every_caption = captions_by_image(preds)
     ranked_first = [p for p in preds if p.rank == 1]  # what is scored and drawn
     references = load_references(captions.references_path(s.split))
@@ -217,17 +218,6 @@ def evaluation_folder_written(out_dir: Path):
     check_evaluation_replaceable(out_dir)
     with atomic_dir(out_dir, "evaluate", force=True) as folder:
         yield folder
-
-
-def _load(checkpoint: str | Path | Sequence[str | Path]):
-    """One run (its decoder) or, given a list, their ensemble, as a
-    :class:`~trainer.evaluation.ensembles.LoadedEnsemble` (``ensemble`` False for one run)."""
-
-    if not isinstance(checkpoint, (str, Path)):  # a list of runs
-        return load_ensemble(list(checkpoint))
-    ckpt = load_checkpoint(checkpoint)
-    model, vocab, config = load_model(ckpt)
-    return LoadedEnsemble(model, vocab, [Member(ckpt, config)], ensemble=False)
 
 
 def row_of(loaded, s: EvalConfig) -> dict:

@@ -21,6 +21,7 @@ from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
 from trainer.batch import EvalBatch
 from trainer.data import Features, batches_of
+from trainer.decoding import Greedy
 from trainer.evaluation.predict import Prediction, predict
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class Pictures:
         """``model``'s greedy captions of the pictured images (with their attention)."""
         ids = [p.image_id for p in self.preds]
         batch = next(batches_of(self.features, ids, len(ids)))
-        return predict(model, self.vocab, [batch], self.device, max_len=self.max_len)
+        return predict(model, self.vocab, [batch], self.device, Greedy(self.max_len))
 
     def image(self, image_id: int) -> Path | None:
         """The image's file, when it can still be found (else said once, and None)."""

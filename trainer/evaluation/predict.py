@@ -1,5 +1,5 @@
-"""Captions for a list of images from cached features: greedy or beam search, batched, or as a
-:class:`~trainer.decoding_options.DecodingConfig` says (n captions per image among them).
+"""Captions for a list of images from cached features, batched, as decoding options say
+(trainer/decoding/options.py; n captions per image among them).
 
 A command's decode (``capstack evaluate``, ``capstack caption``) can run for minutes (a wide beam,
 long captions): it shows a progress bar over the images, and a Ctrl-C ends it at once, with one
@@ -20,9 +20,8 @@ from tqdm import tqdm
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
 from trainer.batch import EvalBatch
-from trainer.decode import beam_search, greedy
 from trainer.decoders.base import Decoder
-from trainer.decoding_options import DecodingConfig, decode
+from trainer.decoding import Beam, DecodingConfig, Greedy, Options, decode
 
 
 @dataclass
@@ -37,12 +36,12 @@ class Prediction:
 
 @torch.no_grad()
 def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], device: torch.device,
-            *, beam_size: int = 1, max_len: int = 16, autocast=nullcontext,
-            decoding: DecodingConfig | None = None, progress: int | None = None
-            ) -> list[Prediction]:
-    """Beam search (``beam_size`` > 1) or greedy decoding of every image of ``batches``; with
-    ``decoding``, as it says (its beam size and length, not the arguments'): its ``n``
-    captions of each image adjacent, ranked.
+            options: Options | DecodingConfig | None = None, *, autocast=nullcontext,
+            progress: int | None = None, beam_size: int | None = None,
+            max_len: int | None = None) -> list[Prediction]:
+    """Every image of ``batches`` decoded as ``options`` say (:func:`~trainer.decoding.decode`;
+    greedy decoding of 16 words when None): its n captions of each image adjacent, ranked.
+    ``beam_size`` and ``max_len`` without ``options`` are short for :func:`options_of`'s.
 
     ``progress``, the number of images ``batches`` hold, makes it a command's decode: a progress
     bar over them (:func:`decoding_bar`), and a Ctrl-C said in one line (a
@@ -50,6 +49,12 @@ def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], dev
     "Aborted!"; nothing is returned, so the command writes nothing. SIGTERM's error passes
     through as it is. Without it a Ctrl-C stays the ``KeyboardInterrupt`` it is (a training's
     validation records the training stopped)."""
+    if options is None:
+        options = options_of(beam_size or 1, max_len or 16)
+    elif beam_size is not None or max_len is not None:
+        raise TypeError("predict: beam_size and max_len only without options")
+    if isinstance(options, DecodingConfig):
+        options = options.options()
     was_training = model.training
     model.eval()
     out: list[Prediction] = []
@@ -60,11 +65,7 @@ def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], dev
             batch = batch.to(device)
             with autocast():
                 ctx = model.encode(batch.feats, batch.mask)
-                if decoding is not None:
-                    decoded = decode(model, ctx, decoding, vocab)
-                else:
-                    decoded = (beam_search(model, ctx, beam_size, max_len) if beam_size > 1
-                               else greedy(model, ctx, max_len))
+                decoded = decode(model, ctx, options, vocab)
             out += _predictions(vocab, batch, decoded)
             decoded_images += len(batch.image_ids)
             bar.update(len(batch.image_ids))
@@ -77,6 +78,11 @@ def predict(model: Decoder, vocab: Vocabulary, batches: Iterable[EvalBatch], dev
         bar.close()
         model.train(was_training)
     return out
+
+
+def options_of(beam_size: int, max_len: int) -> Options:
+    """Plain beam search of ``beam_size`` (greedy decoding for 1) and ``max_len`` words."""
+    return Beam(beam_size, max_len) if beam_size > 1 else Greedy(max_len)
 
 
 def decoding_bar(images: int | None) -> tqdm:

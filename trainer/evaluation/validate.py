@@ -15,6 +15,7 @@ from pipeline.captions.prepared import Captions
 from pipeline.core.ranks import Ranks
 from trainer.data import Features, batches_of
 from trainer.decoders.base import Decoder
+from trainer.decoding import Greedy
 from trainer.evaluation.predict import predict
 from trainer.scoring.metrics import score_tokenized
 from trainer.scoring.references import load_references
@@ -37,7 +38,7 @@ def validate(model: Decoder, captions: Captions, features: Features, device: tor
     ids = ids[:limit] if limit else ids
     mine = ids[ranks.share(len(ids))]
     preds = predict(model, captions.vocab, batches_of(features, mine, VAL_BATCH), device,
-                    beam_size=1, max_len=max_len, autocast=autocast)
+                    Greedy(max_len), autocast=autocast)
     references = load_references(captions.references_path(split))
     candidates = {image_id: caption for part in ranks.gather(
         {p.image_id: " ".join(p.words) for p in preds}) for image_id, caption in part.items()}

@@ -20,7 +20,6 @@ from typing import Callable, ClassVar
 
 import torch
 
-import pipeline
 from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
@@ -29,10 +28,12 @@ from pipeline.core.jsonfile import write_json
 from pipeline.core.regular import require_regular
 from pipeline.core.registry import Registry, import_modules
 from pipeline.core.state_dicts import require_fit
-from trainer.checkpoint import identity, save_checkpoint
+from trainer.checkpoint import identity, payload, save_checkpoint
 from trainer.components import file_form
 from trainer.config import experiment_from_dict
 from trainer.data import Features
+from trainer.training.position import Position
+from trainer.training.selection import Kept
 
 CHECKPOINT_FORMATS = Registry("checkpoint format")
 
@@ -109,24 +110,18 @@ def import_checkpoint(kind: str, sources: list[Path], out: Path, captions: Path,
                             f"{converted.decoder} decoder ({str(error).splitlines()[0]})") from None
     state = model.state_dict()
     require_fit(state, model, f"import-checkpoint {kind}", f"the {converted.decoder} decoder")
-    described = stores.describe()
-    payload = {
-        "identity": identity(converted.decoder, asdict(experiment.decoder.config), vocab.itow,
-                             described),
-        "experiment": experiment.to_dict(), "vocab": vocab.to_json(),
-        "stores": [{**d, "meta": s.meta} for d, s in zip(described, stores.stores)],
-        "feature_dim": stores.feature_dim, "model": state, "optimizer": {}, "objective": {},
-        "precision": {}, "table": converted.table, "scheduler": {}, "epoch": 0, "batch": 0,
-        "step": 0, "best_cider": 0.0, "best_epoch": 0, "best_score": 0.0,
-        "epoch_loss": [0.0, 0], "start": None, "capstack_version": pipeline.__version__,
-        "imported": {"format": kind, **converted.about},
-    }
+    checkpoint = payload(
+        identity(converted.decoder, asdict(experiment.decoder.config), vocab.itow,
+                 stores.describe()),
+        experiment.to_dict(), vocab, stores, state, converted.table,
+        Position(Kept("cider", score=0.0, cider=0.0, epoch=0)).recorded(),  # its weights kept
+        imported={"format": kind, **converted.about})
     record = {"format": kind, "sources": {str(p): md5_of_file(p) for p in sources},
               "captions": str(captions), "features": [str(f) for f in features],
               **converted.about, "notes": converted.notes}
     with undone_on_failure(out, ("imported.json", "best.pt")):
         write_json(out / "imported.json", record)
-        save_checkpoint(out / "best.pt", payload)  # last: what makes the folder a run
+        save_checkpoint(out / "best.pt", checkpoint)  # last: what makes the folder a run
     return Imported(out / "best.pt", converted.decoder,
                     sum(p.numel() for p in model.parameters()), converted.notes)
 

@@ -86,7 +86,7 @@ from torch import Tensor
 
 from pipeline.core.tokens import PAD_ID
 from trainer.bounds import MAX_SAMPLES, MAX_STEPS, bounded
-from trainer.decode import sample
+from trainer.decoding import sample
 from trainer.decoders.hacap import HACap, manager_cosines
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import StepKey

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Generic, TypeVar
 import torch
 from torch import Tensor, nn
 
-from trainer.decode import SamplingNoise
+from trainer.decoding import SamplingNoise
 from trainer.decoders.base import Decoder
 
 if TYPE_CHECKING:

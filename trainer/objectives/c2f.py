@@ -26,7 +26,7 @@ from torch import Tensor
 
 from trainer.bounds import MAX_SAMPLES, bounded
 from trainer.components import Component, component
-from trainer.decode import sample
+from trainer.decoding import sample
 from trainer.decoders.base import StagedDecoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import StepKey

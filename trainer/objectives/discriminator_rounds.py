@@ -49,7 +49,7 @@ from torch import Tensor
 
 from pipeline.core.tokens import BOS_ID, PAD_ID
 from trainer.bounds import MAX_BATCH, MAX_IMAGES, MAX_SAMPLES, MAX_STEPS, bounded
-from trainer.decode import SamplingNoise, sample
+from trainer.decoding import SamplingNoise, sample
 from trainer.decoders.base import Decoder
 from trainer.decoders.hacap import HACap
 from trainer.modules.text_discriminator import TextDiscriminator

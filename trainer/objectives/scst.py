@@ -29,7 +29,7 @@ from pipeline.captions.vocab import EOS_ID
 from trainer.batch import Share
 from trainer.bounds import MAX_SAMPLES, bounded
 from trainer.components import Component, component
-from trainer.decode import greedy, sample
+from trainer.decoding import greedy, sample
 from trainer.decoders.base import Decoder
 from trainer.objectives import OBJECTIVES
 from trainer.objectives.base import StepKey
@@ -55,7 +55,7 @@ def generated_mask(tokens: Tensor) -> Tensor:
 def drawn_mask(tokens: Tensor, max_len: int) -> Tensor:
     """[N, T] True for each token the policy drew: every generated token up to and including
     the first <eos>, except an <eos> forced after ``max_len`` words. Decoding allows only
-    <eos> there (trainer/decode.py ``_ending_at``) and records the model's log P(<eos>); that
+    <eos> there (trainer/decoding/words.py ``ending_at``) and records the model's log P(<eos>); that
     word was never drawn, so a policy gradient through it would push P(<eos>) down after every
     run-on caption with a negative advantage."""
     drawn = generated_mask(tokens)

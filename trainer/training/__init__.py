@@ -1,9 +1,13 @@
-"""One training run, in parts a reader can hold.
+"""One training run: plain state and steps, as nanoGPT's ``train.py``.
 
-``build.py``: what a run is made of (data, decoder, objective, optimiser, precision, the loss
-DDP wraps), from the experiment. ``resume.py``: where a run starts (scratch, another run's
-weights, its own last checkpoint) and what a resume must agree with. ``loop.py``: an epoch's
-steps. ``run.py``: :class:`~trainer.training.run.Run`, the parts and the counters, what happens
-between epochs (validation, the kept epoch: trainer/selection.py, checkpoints, the log).
-trainer/train.py drives it: ``capstack train``'s entry, run folders, resume or restart.
+``start.py``: ``capstack train``'s entry (run folders, resume or restart, how it ended).
+``build.py``: what a run is made of (:class:`~trainer.training.build.Parts`: data, decoder,
+objective, optimiser, precision, the loss DDP wraps, the log), built once. ``position.py``:
+where it stands (:class:`~trainer.training.position.Position`: epoch, batch, step, the kept
+epoch), which ``resume.py`` returns (scratch, another run's weights, its own last.pt) and the
+loop advances. ``loop.py``: the epochs and the step, top to bottom. ``log.py``: metrics.jsonl
+and TensorBoard. ``selection.py``: the kept epoch, lr decay, early stop. ``compiled.py`` and
+``fits.py``: ``train.compile`` and whether the decoder fits the device.
+
+Imports run one way: start -> loop, resume -> build, position, log (no import circle).
 """

@@ -1,16 +1,20 @@
 """Building a run from its experiment: the data, the decoder, the objective, the optimiser, the
-precision, and the loss that DDP wraps when there are several processes."""
+precision, the loss that DDP wraps when there are several processes, and the log. What it
+builds (:class:`Parts`) is built once: where the run stands is trainer/training/position.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
+from pathlib import Path
 
 import torch
 
 from pipeline.captions.prepared import Captions, load_captions
 from pipeline.core.errors import CapstackError
+from pipeline.core.hashing import md5_of_file
 from pipeline.core.ranks import Ranks
+from pipeline.core.regular import require_regular
 from trainer.checkpoint import identity
 from trainer.config import ExperimentConfig
 from trainer.data import Features, TrainBatches, covered
@@ -20,12 +24,17 @@ from trainer.optimizers import build_optimizer
 from trainer.precision import Precision
 from trainer.training.compiled import CompiledSteps, compiled_steps
 from trainer.training.fits import check_fits
+from trainer.training.log import MetricsLog
 
 
 @dataclass
 class Parts:
-    """What a run trains with; everything else a run holds is where it stands."""
+    """What a run trains with, where and how it writes; built once, never reassigned."""
 
+    config: ExperimentConfig
+    out_dir: Path  # the run folder: checkpoints, the log
+    ranks: Ranks
+    device: torch.device
     captions: Captions
     features: Features
     identity: dict  # what a checkpoint of it must match (trainer/checkpoint.py)
@@ -37,6 +46,8 @@ class Parts:
     scheduler: torch.optim.lr_scheduler.StepLR
     loss: torch.nn.Module  # TrainingLoss, in DDP under torchrun
     compiled: CompiledSteps | None  # train.compile's, put in place for each step; None: off
+    log: MetricsLog
+    start: dict | None  # train.init_from and its digest: a run resumes only from its own start
 
 
 def device_of(config: ExperimentConfig, ranks: Ranks) -> torch.device:
@@ -54,11 +65,10 @@ def data_of(config: ExperimentConfig) -> tuple[Captions, Features]:
     return captions, features
 
 
-def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
-          split_batches: Callable[[str], TrainBatches], log: Callable[[dict], None]) -> Parts:
-    """A run's parts. ``split_batches`` and ``log`` are the run's, handed to the objective
-    (what it draws of its own, where its entries go)."""
+def build(config: ExperimentConfig, out_dir: Path, ranks: Ranks = Ranks()) -> Parts:
+    """A run's parts, to train into ``out_dir`` (a folder that exists)."""
     t = config.train
+    device = device_of(config, ranks)
     captions, features = data_of(config)
     check_fits(config, len(captions.vocab), features.feature_dim, device)
     torch.manual_seed(t.seed)  # the same initial weights (the objective's too) per seed
@@ -69,8 +79,9 @@ def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
                            readers=config.data.readers)
     objective = build_objective(config.objective.name, config.objective.config,
                                 Setting(captions, t.max_len, device,
-                                        epoch_batches=len(batches), batches=split_batches,
-                                        log=log))
+                                        epoch_batches=len(batches),
+                                        batches=split_batches(config, captions, features, ranks),
+                                        log=lambda entry: log.objective_entry(entry)))
     objective.to(device)
     objective.bind(model)
     precision = Precision(t.amp, device)
@@ -82,12 +93,55 @@ def build(config: ExperimentConfig, ranks: Ranks, device: torch.device,
         t.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(
         optimizer, step_size=t.lr_decay_every or 10**9, gamma=t.lr_decay_rate)
-    return Parts(captions, features,
+    log = MetricsLog(out_dir, ranks.main, t.tensorboard)
+    start = starting_checkpoint(config)
+    return Parts(config, Path(out_dir), ranks, device, captions, features,
                  identity(config.decoder.name, asdict(config.decoder.config),
                           captions.vocab.itow, features.describe()),
                  model, batches, objective, precision, optimizer, scheduler,
                  wrapped(TrainingLoss(model, objective), ranks),
-                 compiled_steps(t.compile, t.compile_mode, model, device))
+                 compiled_steps(t.compile, t.compile_mode, model, device), log, start)
+
+
+def close(parts: Parts) -> None:
+    """What a run holds beyond memory: the objective's scorer process, the event log."""
+    parts.objective.close()
+    parts.log.close()
+
+
+def split_batches(config: ExperimentConfig, captions: Captions, features: Features,
+                  ranks: Ranks) -> Callable[[str], TrainBatches]:
+    """A split's images in batches of the run's size, each image with ``seq_per_img`` of its
+    captions, made when first asked (what an objective draws of its own: HACap's
+    discriminator rounds)."""
+    made: dict[str, TrainBatches] = {}
+
+    def of(split: str) -> TrainBatches:
+        if split not in made:
+            t = config.train
+            made[split] = TrainBatches(captions, features, batch_size=t.batch_size,
+                                       seq_per_img=config.data.seq_per_img, seed=t.seed,
+                                       split=split, ranks=ranks)
+        return made[split]
+
+    return of
+
+
+def starting_checkpoint(config: ExperimentConfig) -> dict | None:
+    """``train.init_from`` and its digest: a run resumes only from the start it was given."""
+    path = config.train.init_from
+    if not path:
+        return None
+    file = Path(path) / "best.pt" if Path(path).is_dir() else Path(path)
+    try:  # a FIFO is named as one, never hashed (its read would wait for a writer)
+        require_regular(file, "a checkpoint")
+    except FileNotFoundError:
+        raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it "
+                            f"first)") from None
+    except OSError as error:
+        raise CapstackError(f"train.init_from: {path}: cannot read it ({error.strerror})") \
+            from None
+    return {"path": str(path), "md5": md5_of_file(file)}
 
 
 def wrapped(loss: TrainingLoss, ranks: Ranks) -> torch.nn.Module:

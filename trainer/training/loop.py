@@ -1,4 +1,8 @@
-"""An epoch's steps: each a global batch's loss (the objective's, inside the module DDP
+"""The training loop, top to bottom: the epochs still to train, each a pass over its batches
+and what happens after it (validation, the kept epoch, the lr, the checkpoints), and the step.
+
+It reads the run's parts (build.py) and advances where the run stands (position.py); nothing
+else changes either. A step is a global batch's loss (the objective's, inside the module DDP
 wraps), the decoder's optimiser step, then the objective's own ``after_step``; logged every
 ``train.log_every`` steps, checkpointed every ``train.checkpoint_every``.
 
@@ -11,32 +15,173 @@ from __future__ import annotations
 import math
 import time
 from contextlib import closing
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from pipeline.core.errors import CapstackError
-from trainer.objectives import StepKey
+from trainer.checkpoint import payload, save_checkpoint
+from trainer.evaluation.validate import validate as greedy_scores
+from trainer.objectives import StepKey, table_labels
 from trainer.read_ahead import read_ahead
 from trainer.training import compiled
+from trainer.training.build import Parts
+from trainer.training.log import resident_mb
+from trainer.training.position import Position
+from trainer.training.selection import lr_decay_due, out_of_patience
 
-if TYPE_CHECKING:
-    from trainer.training.run import Run
+
+@dataclass
+class EpochReport:
+    """One finished epoch, for the caller to show: what ``capstack train`` prints."""
+
+    epoch: int  # 1-based: the epoch just finished
+    epochs: int  # planned
+    loss: float | None  # mean training loss over the epoch's steps (None: none ran)
+    val_cider: float  # greedy, on the validation images
+    best_cider: float  # of the kept epoch
+    best_epoch: int  # 1-based; 0: the checkpoint the run started from (train.init_from)
+    seconds: float  # the epoch's training and validation here (a resumed epoch: its rest)
+    select_on: str = "cider"  # the score the kept epoch is best on
+    val_score: float | None = None  # that score: this epoch's,
+    best_score: float | None = None  # and the kept epoch's
 
 
-def train_step(run: Run, batch) -> dict:
-    """One optimiser step on this rank's part of a global batch; the batch's statistics."""
-    t = run.config.train
+def train_epochs(parts: Parts, position: Position, progress: bool,
+                 on_epoch: Callable[[EpochReport], None]) -> None:
+    """From ``position`` to ``train.epochs``, or until ``train.early_stop_patience`` epochs
+    have passed without a better one; ``on_epoch`` after each."""
+    while position.epoch < parts.config.train.epochs and not patience_spent(parts, position):
+        started = time.perf_counter()
+        run_epoch(parts, position, progress)
+        on_epoch(end_epoch(parts, position, started))
+
+
+def patience_spent(parts: Parts, position: Position) -> bool:
+    """Whether ``train.early_stop_patience`` epochs have passed without a better one."""
+    return out_of_patience(parts.config.train.early_stop_patience,
+                           position.kept.epochs_without_better(position.epoch))
+
+
+# ----------------------------------------------------------------------------- an epoch
+
+def run_epoch(parts: Parts, position: Position, progress: bool) -> None:
+    """The rest of the epoch the run is in, from its next batch."""
+    t = parts.config.train
+    bar = tqdm(total=len(parts.batches), initial=position.batch,
+               disable=not progress or not parts.ranks.main,
+               desc=f"{parts.config.name} epoch {position.epoch + 1}/{t.epochs}", unit="batch")
+    parts.model.train()
+    with closing(batches_of_epoch(parts, position)) as batches:  # an error ends the readers
+        for batch in batches:
+            losses = train_step(parts, position, batch)
+            stop_unless_finite(parts, position, losses["loss"], batch)
+            position.stepped(losses["loss"])
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses['loss']:.3f}", refresh=False)
+            if position.step % t.log_every == 0 or position.batch == len(parts.batches):
+                parts.log.write({"kind": "train", "epoch": position.epoch, "step": position.step,
+                                 **losses, "lr": parts.optimizer.param_groups[0]["lr"],
+                                 "time": time.time()}, position.step)
+            if t.checkpoint_every and position.step % t.checkpoint_every == 0:
+                save(parts, position, "last.pt")
+    bar.close()
+
+
+def end_epoch(parts: Parts, position: Position, started: float) -> EpochReport:
+    """Validate, keep the best, save; what the epoch gave (``started``: its perf_counter)."""
+    t = parts.config.train
+    scores = validate(parts)
+    parts.log.write({"kind": "val", "epoch": position.epoch, **scores, "rss_mb": resident_mb(),
+                     "time": time.time()}, position.step)
+    parts.scheduler.step()
+    loss = position.next_epoch()
+    kept = position.kept
+    if kept.consider(scores, position.epoch - 1):
+        save(parts, position, "best.pt")
+    if lr_decay_due(t.lr_decay_patience, kept.epochs_without_better(position.epoch)):
+        for group in parts.optimizer.param_groups:
+            group["lr"] *= t.lr_decay_rate
+    save(parts, position, "last.pt")
+    return EpochReport(position.epoch, t.epochs, loss, scores["cider"], kept.cider,
+                       kept.epoch + 1, time.perf_counter() - started, t.select_on,
+                       scores[t.select_on], kept.score)
+
+
+def score_start(parts: Parts, position: Position, path: str) -> None:
+    """The start another run's weights gave (resume.load_start), validated: the best so far,
+    which the run must beat to replace best.pt."""
+    scores = validate(parts)
+    position.kept.start(scores)
+    parts.log.write({"kind": "val", "epoch": -1, **scores, "start": path, "time": time.time()},
+                    position.step)
+    save(parts, position, "best.pt")
+
+
+def validate(parts: Parts) -> dict[str, float]:
+    """CIDEr-D (the log's, the curves') and the score best.pt is kept on, greedy."""
+    t = parts.config.train
+    return greedy_scores(parts.model, parts.captions, parts.features, parts.device,
+                         max_len=t.max_len, limit=t.val_images,
+                         autocast=parts.precision.autocast, ranks=parts.ranks,
+                         scores=tuple(dict.fromkeys(("cider", t.select_on))))
+
+
+def save(parts: Parts, position: Position, name: str) -> None:
+    """The run as it stands, as ``out_dir/name`` (the main rank's)."""
+    if not parts.ranks.main:
+        return
+    save_checkpoint(parts.out_dir / name, payload(
+        parts.identity, parts.config.to_dict(), parts.captions.vocab, parts.features,
+        parts.model.state_dict(), table_labels(parts.objective), position.recorded(),
+        optimizer=parts.optimizer.state_dict(), objective=parts.objective.state_dict(),
+        precision=parts.precision.state_dict(), scheduler=parts.scheduler.state_dict(),
+        start=parts.start))
+
+
+def batches_of_epoch(parts: Parts, position: Position):
+    """The rest of the epoch's batches: made by ``data.readers`` processes (pinned on CUDA),
+    or in this process, read ahead by a thread on CUDA (trainer/read_ahead.py)."""
+    cuda = parts.device.type == "cuda"
+    if parts.batches.readers:
+        return parts.batches.epoch(position.epoch, position.batch, pin_memory=cuda)
+    return read_ahead(parts.batches.epoch(position.epoch, position.batch), parts.device)
+
+
+def stop_unless_finite(parts: Parts, position: Position, loss: float, batch) -> None:
+    """Stop at a non-finite loss (the global batch's: every rank agrees), before anything
+    is saved: the checkpoints on disk stay the last good ones."""
+    if math.isfinite(loss):
+        return
+    ranks, out_dir = parts.ranks, parts.out_dir
+    ids = batch.image_ids if not ranks.distributed else f"{batch.image_ids} (rank " \
+        f"{ranks.rank}'s part)"
+    kept = [name for name in ("last.pt", "best.pt") if (out_dir / name).is_file()]
+    raise CapstackError(
+        f"{out_dir}: the loss is {loss} at step {position.step + 1} (epoch "
+        f"{position.epoch + 1}, batch {position.batch + 1}) on images {ids}; training stopped, "
+        + (f"{' and '.join(kept)} kept as they were" if kept else "no checkpoint written")
+        + ": check those images' features (capstack verify --deep), or lower train.lr")
+
+
+# ----------------------------------------------------------------------------- a step
+
+def train_step(parts: Parts, position: Position, batch) -> dict:
+    """One optimiser step on this rank's part of a global batch, the next after ``position``
+    (which it leaves as it is); the batch's statistics."""
+    t = parts.config.train
     torch.manual_seed(int(np.random.SeedSequence(
-        [t.seed, run.epoch, batch.index, run.ranks.rank]).generate_state(1)[0]))
-    key = StepKey(t.seed, run.epoch, batch.index)
-    batch = batch.to(run.device)
-    stats = optimizer_step(run.loss, batch, key, run.precision, run.optimizer, t.grad_clip,
-                           run.compiled, run.ranks.world)
-    stats = {**stats, **on_host(run.objective.after_step(run.model, batch, key))}
-    return summed_over_ranks(run, stats)
+        [t.seed, position.epoch, batch.index, parts.ranks.rank]).generate_state(1)[0]))
+    key = StepKey(t.seed, position.epoch, batch.index)
+    batch = batch.to(parts.device)
+    with parts.log.during_step(position.epoch, position.step + 1):  # an objective's entries
+        stats = optimizer_step(parts.loss, batch, key, parts.precision, parts.optimizer,
+                               t.grad_clip, parts.compiled, parts.ranks.world)
+        stats = {**stats, **on_host(parts.objective.after_step(parts.model, batch, key))}
+    return summed_over_ranks(parts, stats)
 
 
 def optimizer_step(loss_of, batch, key: StepKey, precision, optimizer, grad_clip: float,
@@ -68,59 +213,11 @@ def on_host(stats: dict) -> dict:
     return {**stats, **dict(zip(tensors, values.tolist()))}
 
 
-def summed_over_ranks(run: Run, stats: dict) -> dict:
+def summed_over_ranks(parts: Parts, stats: dict) -> dict:
     """The global batch's statistics: each rank's parts added (its ``time_*`` kept)."""
     keys = [k for k in stats if not k.startswith("time_")]
-    if not run.ranks.distributed:
+    if not parts.ranks.distributed:
         return stats
-    total = run.ranks.sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64,
-                                       device=run.device))  # NCCL sums GPU tensors
+    total = parts.ranks.sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64,
+                                         device=parts.device))  # NCCL sums GPU tensors
     return {**stats, **dict(zip(keys, total.tolist()))}
-
-
-def run_epoch(run: Run, progress: bool) -> None:
-    """The rest of the epoch the run is in, from its next batch."""
-    t = run.config.train
-    bar = tqdm(total=len(run.batches), initial=run.batch,
-               disable=not progress or not run.ranks.main,
-               desc=f"{run.config.name} epoch {run.epoch + 1}/{t.epochs}", unit="batch")
-    run.model.train()
-    with closing(batches_of_epoch(run)) as batches:  # an error ends the readers at once
-        for batch in batches:
-            losses = run.train_step(batch)  # the step (Run.train_step: loop.train_step)
-            stop_unless_finite(run, losses["loss"], batch)
-            run.epoch_loss = [run.epoch_loss[0] + losses["loss"], run.epoch_loss[1] + 1]
-            run.batch += 1
-            run.step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses['loss']:.3f}", refresh=False)
-            if run.step % t.log_every == 0 or run.batch == len(run.batches):
-                run.log({"kind": "train", "epoch": run.epoch, "step": run.step, **losses,
-                         "lr": run.optimizer.param_groups[0]["lr"], "time": time.time()})
-            if t.checkpoint_every and run.step % t.checkpoint_every == 0:
-                run.save("last.pt")
-    bar.close()
-
-
-def batches_of_epoch(run: Run):
-    """The rest of the epoch's batches: made by ``data.readers`` processes (pinned on CUDA),
-    or in this process, read ahead by a thread on CUDA (trainer/read_ahead.py)."""
-    cuda = run.device.type == "cuda"
-    if run.batches.readers:
-        return run.batches.epoch(run.epoch, run.batch, pin_memory=cuda)
-    return read_ahead(run.batches.epoch(run.epoch, run.batch), run.device)
-
-
-def stop_unless_finite(run: Run, loss: float, batch) -> None:
-    """Stop at a non-finite loss (the global batch's: every rank agrees), before anything
-    is saved: the checkpoints on disk stay the last good ones."""
-    if math.isfinite(loss):
-        return
-    ids = batch.image_ids if not run.ranks.distributed else f"{batch.image_ids} (rank " \
-        f"{run.ranks.rank}'s part)"
-    kept = [name for name in ("last.pt", "best.pt") if (run.out_dir / name).is_file()]
-    raise CapstackError(
-        f"{run.out_dir}: the loss is {loss} at step {run.step + 1} (epoch {run.epoch + 1}, "
-        f"batch {run.batch + 1}) on images {ids}; training stopped, "
-        + (f"{' and '.join(kept)} kept as they were" if kept else "no checkpoint written")
-        + ": check those images' features (capstack verify --deep), or lower train.lr")

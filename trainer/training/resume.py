@@ -1,28 +1,25 @@
 """Where a run starts: from scratch, from another run's weights (``train.init_from``: RL after
 XE), or from its own ``last.pt``; and what a resume must agree with (the data and decoder of
-its identity, its recipe, its start, its optimiser's shapes)."""
+its identity, its recipe, its start, its optimiser's shapes). A resume loads the parts
+(build.py) and returns where the run stands (position.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.errors import CapstackError
-from pipeline.core.hashing import md5_of_file
 from pipeline.core.jsonfile import read_json
-from pipeline.core.regular import read_bytes, require_regular
+from pipeline.core.regular import read_bytes
 from trainer.checkpoint import check_identity, load_checkpoint
 from trainer.config import ExperimentConfig, experiment_from_dict
-
-if TYPE_CHECKING:
-    from trainer.training.run import Run
+from trainer.training.build import Parts
+from trainer.training.position import Position
 
 # init_from: the start is compared by content (its md5, in resume), wherever the file now lies
 RESUMABLE_CHANGES = {"epochs", "device", "amp", "checkpoint_every", "log_every", "init_from",
@@ -31,96 +28,72 @@ log = logging.getLogger(__name__)
 RECIPE = ("objective", "train", "data")  # what a resumed run shares with its start (and identity)
 
 
-def starting_checkpoint(config: ExperimentConfig) -> dict | None:
-    """``train.init_from`` and its digest: a run resumes only from the start it was given."""
-    path = config.train.init_from
-    if not path:
-        return None
-    file = Path(path) / "best.pt" if Path(path).is_dir() else Path(path)
-    try:  # a FIFO is named as one, never hashed (its read would wait for a writer)
-        require_regular(file, "a checkpoint")
-    except FileNotFoundError:
-        raise CapstackError(f"train.init_from: {path}: checkpoint not found (train it "
-                            f"first)") from None
-    except OSError as error:
-        raise CapstackError(f"train.init_from: {path}: cannot read it ({error.strerror})") \
-            from None
-    return {"path": str(path), "md5": md5_of_file(file)}
-
-
-def start_from(run: Run, path: str) -> None:
-    """Weights of another run's checkpoint (RL after XE), on the same data and decoder; that
-    start validated is the best so far, which the run must beat to replace best.pt."""
+def load_start(parts: Parts, path: str) -> None:
+    """Weights of another run's checkpoint (RL after XE), on the same data and decoder, and
+    with ``train.init_optimizer`` its optimiser's state."""
     ckpt = load_checkpoint(path)
-    check_identity(ckpt["identity"], run.identity, Path(ckpt["path"]),
+    check_identity(ckpt["identity"], parts.identity, Path(ckpt["path"]),
                    training_only_may_differ=True)
-    run.model.load_state_dict(ckpt["model"])
-    if run.config.train.init_optimizer:
-        start_optimiser(run, ckpt, Path(ckpt["path"]))
-    scores = run.validate()
-    run.kept.start(scores)
-    run.log({"kind": "val", "epoch": -1, **scores, "start": path, "time": time.time()})
-    run.save("best.pt")
+    parts.model.load_state_dict(ckpt["model"])
+    if parts.config.train.init_optimizer:
+        start_optimiser(parts, ckpt, Path(ckpt["path"]))
 
 
-def start_optimiser(run: Run, ckpt: dict, path: Path) -> None:
+def start_optimiser(parts: Parts, ckpt: dict, path: Path) -> None:
     """The start checkpoint's optimiser state (``train.init_optimizer``): its moments and step
     counts, with this run's lr and other settings; the same optimiser only."""
     saved = ckpt["experiment"].get("train", {}).get("optimizer", {}).get("name", "adam")
-    wanted = run.config.train.optimizer.name
+    wanted = parts.config.train.optimizer.name
     if saved != wanted:
         raise CapstackError(f"train.init_optimizer: {path} was trained with optimizer {saved}, "
                             f"this run uses {wanted}: their states do not carry over")
     settings = [{k: v for k, v in group.items() if k != "params"}
-                for group in run.optimizer.param_groups]
-    check_optimiser_state(ckpt["optimizer"], run.optimizer, path)
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    for group, own in zip(run.optimizer.param_groups, settings):
+                for group in parts.optimizer.param_groups]
+    check_optimiser_state(ckpt["optimizer"], parts.optimizer, path)
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    for group, own in zip(parts.optimizer.param_groups, settings):
         group.update(own)  # the moments are the start's; lr, betas, decay this run's
 
 
-def resume(run: Run) -> tuple[int, int] | None:
-    """The run's own ``last.pt`` loaded into it: its (epoch, batch); None when there is none.
-    Another identity, recipe or start is refused."""
-    path = run.out_dir / "last.pt"
+def resume(parts: Parts) -> Position | None:
+    """The run's own ``last.pt`` loaded into its parts: where it stands; None when there is
+    none. Another identity, recipe or start is refused."""
+    path = parts.out_dir / "last.pt"
     if not path.is_file():
-        check_left_behind(run)
+        check_left_behind(parts)
         return None
     ckpt = load_checkpoint(path)
-    check_identity(ckpt["identity"], run.identity, path)
-    check_recipe(run.config, ckpt["experiment"], path)
-    check_start(ckpt.get("start"), run.start, path)
-    run.model.load_state_dict(ckpt["model"])
-    check_optimiser_state(ckpt["optimizer"], run.optimizer, path)
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.scheduler.load_state_dict(ckpt["scheduler"])
-    run.objective.load_state_dict(ckpt["objective"])
-    run.precision.load_state_dict(ckpt.get("precision", {}))
-    run.epoch, run.batch, run.step = ckpt["epoch"], ckpt["batch"], ckpt["step"]
-    run.kept.restore(ckpt)
-    # a checkpoint saved before runs kept it: the epoch's mean is of the steps run from here
-    run.epoch_loss = list(ckpt.get("epoch_loss", [0.0, 0]))
-    if run.ranks.main:
-        trim_log(run.out_dir / "metrics.jsonl", run.epoch, run.step)
-    return run.epoch, run.batch
+    check_identity(ckpt["identity"], parts.identity, path)
+    check_recipe(parts.config, ckpt["experiment"], path)
+    check_start(ckpt["start"], parts.start, path)
+    parts.model.load_state_dict(ckpt["model"])
+    check_optimiser_state(ckpt["optimizer"], parts.optimizer, path)
+    parts.optimizer.load_state_dict(ckpt["optimizer"])
+    parts.scheduler.load_state_dict(ckpt["scheduler"])
+    parts.objective.load_state_dict(ckpt["objective"])
+    parts.precision.load_state_dict(ckpt["precision"])
+    position = Position.restored(ckpt, parts.config.train.select_on)
+    if parts.ranks.main:
+        trim_log(parts.out_dir / "metrics.jsonl", position.epoch, position.step)
+    return position
 
 
 LEFT_BEHIND = ("last.pt", "best.pt", "config.json")  # what says a folder holds a run
 
 
-def check_left_behind(run: Run) -> None:
+def check_left_behind(parts: Parts) -> None:
     """A run folder without ``last.pt`` may still hold a run: its ``best.pt`` (the kept epoch,
     or the start an RL run validated), or the ``config.json`` of a training killed before its
     first checkpoint. Training afresh there replaces that best.pt and adds to that log, so it
     must be the same run: another identity, recipe or start is refused as a resume's is."""
-    best, config = run.out_dir / "best.pt", run.out_dir / "config.json"
+    best, config = parts.out_dir / "best.pt", parts.out_dir / "config.json"
     if best.is_file():
         ckpt = load_checkpoint(best)
-        check_identity(ckpt["identity"], run.identity, best)
-        check_recipe(run.config, ckpt["experiment"], best)
-        check_start(ckpt.get("start"), run.start, best)
+        check_identity(ckpt["identity"], parts.identity, best)
+        check_recipe(parts.config, ckpt["experiment"], best)
+        check_start(ckpt["start"], parts.start, best)
     elif config.is_file():
-        check_recipe(run.config, read_json(config, "run config"), config)
+        check_recipe(parts.config, read_json(config, "run config"), config)
 
 
 def check_start(started: dict | None, start: dict | None, path: Path) -> None:

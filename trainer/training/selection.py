@@ -57,9 +57,9 @@ class Kept:
         return True
 
     def restore(self, checkpoint: dict) -> None:
-        """What a checkpoint recorded of it (one saved before train.select_on kept on CIDEr,
-        its only score then); a NaN kept by a capstack that took it for better is none."""
-        score = checkpoint.get("best_score", checkpoint["best_cider"])
+        """What a checkpoint recorded of it; a NaN kept by a capstack that took it for better
+        is none."""
+        score = checkpoint["best_score"]
         if math.isfinite(score):
             self.score, self.cider, self.epoch = score, checkpoint["best_cider"], \
                 checkpoint["best_epoch"]
