@@ -6,7 +6,8 @@ an arm's ML run is trained too, or found finished, when the arm starts from it):
 
 1. **ml**: ``train@hacap`` (configs/experiments/hacap.yaml: maximum likelihood with D's rounds
    alongside, ``interleaved_pretraining``);
-2. **adv**: the ``adversarial@hacap`` stage's overrides, from the ML run's best checkpoint;
+2. **adv**: the ``adversarial@hacap`` stage's settings (configs/experiments/hacap-adv.yaml),
+   from the ML run's best checkpoint;
 3. **adv_code**: the same with ``objective.credit=leakgan_code``: the credit assignment and
    sampling of LeakGAN's released code where it differs from its paper
    (trainer/objectives/adversarial.py), from the same checkpoint, on the same seeds;
@@ -52,9 +53,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from common import ROOT
 
+from pipeline.core.yamlfile import extended_file
 from trainer.config import load_experiment
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import train
@@ -73,14 +76,40 @@ FIGURES = (("CIDEr", "CIDEr", 100), ("BLEU-4", "BLEU-4", 100), ("distinct-1", "d
 
 
 def stage_settings(stages_file: Path) -> dict[str, list[str]]:
-    """Every train-command stage's ``--set`` overrides, by stage name, as the stages file
-    resolves them (vars, foreach, params): the benchmark trains what the stages train."""
+    """The overrides of :data:`EXPERIMENT` that each train-command stage on it trains, by stage
+    name, as the stages file resolves them (vars, foreach, params): what the stage's experiment
+    file lays over EXPERIMENT when it extends it (hacap-adv.yaml, :func:`file_overrides`), then
+    the stage's ``--set`` words. The benchmark trains what the stages train."""
     from cli import stage_commands
     from pipeline.engine.stagefile import load_stages_file
 
     stages = load_stages_file(stages_file, stage_commands()).stages
-    return {name: [a for prev, a in zip(st.argv, st.argv[1:]) if prev == "--set"]
-            for name, st in stages.items() if st.command == "train"}
+    settings = {}
+    for name, st in stages.items():
+        if st.command != "train":
+            continue
+        experiment = (stages_file.parent / st.argv[1]).resolve()
+        words = [a for prev, a in zip(st.argv, st.argv[1:]) if prev == "--set"]
+        if experiment == EXPERIMENT.resolve():
+            settings[name] = words
+        elif extended_file(experiment) == EXPERIMENT.resolve():
+            settings[name] = file_overrides(experiment) + words
+    return settings
+
+
+def file_overrides(path: Path) -> list[str]:
+    """What an experiment file lays over the one it ``extends``, as ``--set`` overrides (each
+    mapping's ``name`` first: a component named anew starts afresh, as ``extends`` has it)."""
+    own = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "extends"}
+
+    def words(prefix: str, value) -> list[str]:
+        if not isinstance(value, dict):
+            shown = yaml.safe_dump(value, default_flow_style=True, width=10**6)
+            return [f"{prefix}={shown.removesuffix(chr(10)).removesuffix('...').strip()}"]
+        keys = sorted(value, key=lambda k: k != "name")
+        return [w for k in keys for w in words(f"{prefix}.{k}" if prefix else k, value[k])]
+
+    return words("", own)
 
 
 def seeded(overrides: list[str], seed: int, start: Path | None = None) -> list[str]:

@@ -22,7 +22,6 @@ from torchvision.models import resnet18
 
 from pipeline.core.errors import CapstackError
 from pipeline.core.safe_pickle import RefusedPickle
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.detectors import checkpoints
 from pipeline.features.detectors.caffe_resnet import ResNetShape
 from pipeline.features.detectors.detector import BottomUpDetector, DetectorConfig
@@ -333,11 +332,7 @@ def test_not_a_dict_of_tensors_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- extraction
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data") / "shapes"
-    write_shapes_dataset(root, n_train=4, n_val=1, n_test=1, seed=2, size=64)
-    return root, root / "dataset_shapes.json"
+SHAPES = dict(n_train=4, n_val=1, n_test=1, seed=2)  # conftest's shapes
 
 
 def vocab(path, names):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pipeline.core.errors import CapstackError
+from process_helpers import capstack
 from trainer.config import Bound, ExperimentConfig, load_experiment
 from trainer.decoders.base import DecoderConfig
 
@@ -181,3 +182,31 @@ EXPERIMENTS = sorted(p for p in (ROOT / "configs").rglob("*.yaml")
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_every_shipped_experiment_lies_within_the_bounds(path):
     load_experiment(path)
+
+
+@pytest.mark.parametrize("args, bound", [
+    (["extract-grid", "d.json", ".", "--image-size", "20000"], "20000 is not in the range "
+                                                               "32<=x<=2048"),
+    (["prepare", "d.json", "out", "--max-len", "100000000"], "100000000 is not in the range "
+                                                             "1<=x<=1000"),
+    (["extract-grid", "d.json", ".", "--grid", "0"], "0 is not in the range 1<=x<=64"),
+    (["extract-regions", "d.json", ".", "--batch", "0"], "0 is not in the range 1<=x<=4096"),
+    (["extract-grid", "d.json", ".", "--workers", "-1"], "-1 is not in the range 0<=x<=64"),
+    # issue 31, item 9: numbers that reached numpy or torch unchecked; click's FloatRange lets
+    # nan through, FiniteRange (cli.py) does not
+    (["prepare", "d.json", "out", "--min-count", "100000000000000000000"],
+     "100000000000000000000 is not in the range 1<=x<=1000000000"),
+    (["import-features", "butd", "src", "--dataset", "d.json", "--out", "o", "--commit-mb",
+      "nan"], "nan is not a finite number in the range 0<x<=1048576"),
+    (["import-features", "butd", "src", "--dataset", "d.json", "--out", "o", "--commit-mb",
+      "-5"], "-5.0 is not in the range 0<x<=1048576"),
+    (["extract-regions", "d.json", ".", "--conf-thresh", "nan"],
+     "nan is not a finite number in the range 0<=x<=1"),
+    (["train-detector", "d.json", ".", "o.pt", "--seed", "-1"],
+     "-1 is not in the range 0<=x<=4294967295"),
+    (["evaluate", "run", "--figures", "-1"], "-1 is not in the range 0<=x<=1000"),
+])
+def test_every_size_a_user_gives_has_a_bound_named_before_work_starts(tmp_path, args, bound):
+    result = capstack(*args, cwd=tmp_path)
+    assert result.returncode == 2 and bound in result.stderr, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing started

@@ -35,7 +35,7 @@ LOSS_RTOL, GRADIENT_RTOL = 2e-2, 5e-2  # bfloat16 against float32: the loss, the
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def cuda_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("cuda")
     dataset, prepared = make_prepared(root, n_train=24, n_val=6, n_test=6)
     ids = load_captions(prepared).image_ids
@@ -98,8 +98,8 @@ def test_a_bfloat16_scst_loss_matches_float32_on_the_same_samples():
     assert loss_gap < LOSS_RTOL and gradient_gap < GRADIENT_RTOL
 
 
-def test_beam_search_on_cuda_equals_the_cpu_s_for_a_trained_decoder(data, tmp_path):
-    prepared, grid = data
+def test_beam_search_on_cuda_equals_the_cpu_s_for_a_trained_decoder(cuda_data, tmp_path):
+    prepared, grid = cuda_data
     exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
                            features=[grid], epochs=4, device="cpu")
     train(load_experiment(exp), tmp_path / "run", progress=False)
@@ -117,9 +117,9 @@ def test_beam_search_on_cuda_equals_the_cpu_s_for_a_trained_decoder(data, tmp_pa
                                rtol=1e-4, atol=1e-4)
 
 
-def test_torchrun_with_one_gpu_trains_as_a_plain_process_does(data, tmp_path):
+def test_torchrun_with_one_gpu_trains_as_a_plain_process_does(cuda_data, tmp_path):
     """``--nproc 1`` under torchrun on the GPU: a world of one, the same steps as without it."""
-    prepared, grid = data
+    prepared, grid = cuda_data
     exp = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
                            features=[grid], epochs=1, device="cuda", log_every=1)
     train(load_experiment(exp), tmp_path / "plain", progress=False)
@@ -136,7 +136,7 @@ def test_torchrun_with_one_gpu_trains_as_a_plain_process_does(data, tmp_path):
 
 @pytest.mark.parametrize("decoder", ["top_down", "transformer"])
 @pytest.mark.parametrize("objective", ["xe", "scst"])
-def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(data, tmp_path, objective,
+def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(cuda_data, tmp_path, objective,
                                                                decoder):
     """``train.compile: steps`` at ``auto`` (CUDA graphs, inductor's kernels) against eager:
     XE and SCST runs without dropout (inductor draws its own random numbers), the epoch's last
@@ -146,7 +146,7 @@ def test_compiled_steps_with_cuda_graphs_give_the_eager_losses(data, tmp_path, o
     from trainer.training import compiled
     from trainer_fixtures import cider_d
 
-    prepared, grid = data
+    prepared, grid = cuda_data
     exp = write_experiment(tmp_path / "td.yaml", decoder=decoder, captions=prepared,
                            features=[grid], epochs=2, batch_size=5, device="cuda", log_every=1)
     base = ["decoder.dropout=0"]

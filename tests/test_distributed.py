@@ -22,7 +22,6 @@ import torch
 
 from pipeline.captions.prepared import load_captions
 from pipeline.core.ranks import Ranks
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.engine.torchrun import without_option
 from pipeline.features.extract.kinds.grid import GridSettings, extract_grid
 from pipeline.features.stores import open_store
@@ -69,7 +68,7 @@ def test_a_rank_share_covers_the_batch_once_in_rank_order():
 # --------------------------------------------------------------------------- training
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def ddp_data(tmp_path_factory):
     """13 training images in batches of 6: global batches of 6, 6 and 1 (the last leaves a
     rank of two without an image). Dropout off: the one thing ranks draw on their own."""
     root = tmp_path_factory.mktemp("ddp")
@@ -90,11 +89,11 @@ def experiment_without_dropout(root: Path, decoder: str, folder: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, tmp_path):
+def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(ddp_data, tmp_path):
     """Two torchrun launchers (--nnodes 2, one process each) train the first epoch; one
     process resumes their checkpoint for the second: every step's loss equals the
     uninterrupted one-process run's."""
-    root, exp = data
+    root, exp = ddp_data
     train(load_experiment(exp), tmp_path / "one", progress=False)
     port = free_port()
     launchers = [subprocess.Popen(
@@ -114,10 +113,11 @@ def test_two_nodes_train_as_one_process_does_and_their_run_resumes_on_one(data, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("objective, decoder", [("scst", "top_down"), ("c2f", "stack_cap")])
-def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, objective, decoder):
+def test_rl_on_two_processes_samples_and_learns_as_one_process(ddp_data, tmp_path, objective,
+                                                                decoder):
     """``--nproc 2``: the same sampled captions (the draws follow the image, not the rank),
     rewards on each rank for its own samples, the same losses step by step."""
-    root, _ = data
+    root, _ = ddp_data
     exp = experiment_without_dropout(root, decoder, tmp_path)
     train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "xe", progress=False)
     rl = [f"objective.name={objective}", f"train.init_from={tmp_path / 'xe' / 'best.pt'}",
@@ -140,10 +140,10 @@ def test_rl_on_two_processes_samples_and_learns_as_one_process(data, tmp_path, o
 
 
 @pytest.mark.slow
-def test_hacaps_adversarial_phase_on_two_processes_trains_as_one_process(data, tmp_path):
+def test_hacaps_adversarial_phase_on_two_processes_trains_as_one_process(ddp_data, tmp_path):
     """Adversarial batches (rollouts ranked over the global batch), D's rounds on global sets
     and an ML interlude: the same losses and D losses step by step on 1 and 2 processes."""
-    root, _ = data
+    root, _ = ddp_data
     exp = experiment_without_dropout(root, "hacap", tmp_path)
     train(load_experiment(exp, ["train.epochs=1"]), tmp_path / "ml", progress=False)
     adversarial = ["objective.name=adversarial", f"train.init_from={tmp_path / 'ml' / 'best.pt'}",
@@ -205,7 +205,7 @@ def shipped(registry) -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_objective_trains_every_decoder_it_takes_under_ddp(data, tmp_path):
+def test_every_objective_trains_every_decoder_it_takes_under_ddp(ddp_data, tmp_path):
     """An epoch of each registered objective on each decoder it accepts, on two processes (one
     torchrun launch): DDP looks for unused parameters exactly where the objective says its
     loss leaves some out, and refuses a step otherwise; a rank's part of one image trains
@@ -213,7 +213,7 @@ def test_every_objective_trains_every_decoder_it_takes_under_ddp(data, tmp_path)
     from trainer.decoders import DECODERS
     from trainer.objectives import OBJECTIVES
 
-    root, exp = data
+    root, exp = ddp_data
     settings = objective_settings(root / "cider.npz")
     objectives, decoders = shipped(OBJECTIVES), shipped(DECODERS)
     assert set(settings) == set(objectives)  # a new objective gets its DDP check here
@@ -246,11 +246,7 @@ def test_every_objective_trains_every_decoder_it_takes_under_ddp(data, tmp_path)
 GRID = ["--backbone", "resnet18", "--weights", "random", "--grid", "2", "--workers", "0"]
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images") / "shapes"
-    write_shapes_dataset(root, n_train=36, n_val=2, n_test=2, seed=4, size=64)
-    return root, root / "dataset_shapes.json"
+SHAPES = dict(n_train=36, n_val=2, n_test=2, seed=4)  # conftest's shapes
 
 
 def one_process_store(shapes, root: Path, image_size: int, batch: int) -> Path:

@@ -320,7 +320,7 @@ def test_the_command_line_evaluates_an_ensemble_beside_the_first_run(runs):
 def test_an_ensembles_default_folder_is_its_members_own(tmp_path):
     """Runs of the same folder names in other places (seeds of one experiment), and names holding
     the joining '+', gave two ensembles one folder, the second replacing the first."""
-    from cli import ensemble_folder
+    from trainer.commands.evaluation import ensemble_folder
     from trainer.runs import evaluation_folder
 
     def folder(*runs):

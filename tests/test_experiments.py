@@ -22,19 +22,21 @@ pathlib.Path(out).mkdir(parents=True, exist_ok=True)
 model = {"words": len(str(words)), "seed": int(seed)}
 pathlib.Path(out, "model.json").write_text(json.dumps(model))
 """
-# evaluate.py RUN OUT: metrics.json as capstack evaluate writes it (its "metrics")
+# evaluate.py RUN OUT EXPERIMENT: metrics.json as capstack evaluate writes it (its "metrics",
+# the experiment in its "setting")
 EVALUATE = """\
-import json, os, pathlib, sys
-run, out = sys.argv[1:]
+import json, pathlib, sys
+run, out, experiment = sys.argv[1:]
 model = json.loads(pathlib.Path(run, "model.json").read_text())
 pathlib.Path(out).mkdir(parents=True, exist_ok=True)
 cider = model["words"] / 10000 + model["seed"] / 100
-setting = {"experiment": os.environ["CAPSTACK_EXPERIMENT"]}
+setting = {"experiment": experiment}
 pathlib.Path(out, "metrics.json").write_text(json.dumps({"metrics": {"CIDEr": cider},
                                                          "setting": setting}))
 """
 
 STAGES = """
+seed_param: seed
 params:
   data: data/shapes
   python: {python}
@@ -56,9 +58,11 @@ stages:
     deps: [scripts/train.py, data/prepared]
     outs: [runs/model]
   evaluate:
-    cmd: ${{python}} scripts/evaluate.py runs/model evals/model
+    cmd: ${{python}} scripts/evaluate.py runs/model evals/model ${{experiment}}
     deps: [scripts/evaluate.py, runs/model]
     outs: [evals/model]
+    metrics:
+      - {{path: evals/model/metrics.json, show: [metrics.CIDEr], percent: true}}
 """
 
 
@@ -453,3 +457,67 @@ def test_a_path_out_of_the_workdir_names_the_same_file_in_an_experiment(capstack
     assert states(project, "--name", "b") == {"copy": "up to date"}
     (tmp_path / "inputs" / "b.txt").write_text("B2")
     assert states(project, "--name", "b") == {"copy": "stale"}
+
+
+# -- what a stage is told, and what exp show reads -------------------------------------------
+
+NOTE = """\
+import json, pathlib, sys
+out, experiment, n = sys.argv[1:]
+pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+pathlib.Path(out, "metrics.json").write_text(json.dumps(
+    {"experiment": experiment, "count": int(n), "score": int(n) / 4, "ok": True}))
+"""
+NOTES = """
+params:
+  python: {python}
+stages:
+  a:
+    cmd: ${{python}} scripts/note.py out/a ${{experiment}} ${{n}}
+    params: {{n: 1}}
+    deps: [scripts/note.py]
+    outs: [out/a]
+    metrics: [out/a/metrics.json]
+  b:
+    cmd: ${{python}} scripts/note.py out/b ${{experiment}} 2
+    deps: [scripts/note.py]
+    outs: [out/b]
+"""
+
+
+def test_a_stage_its_experiment_does_not_change_stays_shared_and_exp_show_reads_metrics(
+        capstack, tmp_path):
+    """``${experiment}`` is no param: stage b, which experiment x does not change, stays the
+    baseline's (not rerun, told ""); a's metrics file, declared, is what exp show reads: its
+    top-level numbers where the entry names none."""
+    project = type(capstack)(tmp_path / "w")
+    (project.workdir / "scripts").mkdir(parents=True)
+    (project.workdir / "scripts" / "note.py").write_text(NOTE)
+    (project.workdir / "stages.yaml").write_text(NOTES.format(python=json.dumps(sys.executable)))
+
+    def told(folder: str) -> str:
+        return json.loads((project.workdir / folder / "metrics.json").read_text())["experiment"]
+
+    out = project.stage_cmd("run", "a").output
+    assert "scripts/note.py out/a '' 1" in out  # the baseline's: an empty word
+    project.stage_cmd("run", "b")
+    assert "[x] Running stage 'a'" in project.stage_cmd("run", "a", "--set", "n=3",
+                                                        "--name", "x").output
+    shared = project.stage_cmd("run", "b", "--name", "x").output
+    assert "Stage 'b' is up to date, skipping." in shared and "Running" not in shared
+    assert told("out/a") == "" and told("out/b") == "" and told("exps/x/out/a") == "x"
+    assert (project.workdir / "exps/x/out/b").is_symlink()
+    rows = json.loads(project.stage_cmd("exp", "show", "--json").output)
+    assert rows == [
+        {"experiment": "baseline", "evaluation": "a", "n": "1", "state": "up to date",
+         "count": "1", "score": "0.25"},
+        {"experiment": "x", "evaluation": "a", "n": "3", "state": "up to date",
+         "count": "3", "score": "0.75"}]
+    diff = project.stage_cmd("exp", "diff", "x").output.splitlines()
+    assert [line.split() for line in diff[1:]] == [["n", "3", "1"], ["a", "count", "3", "1"],
+                                                   ["a", "score", "0.75", "0.25"]]
+    # seeds: the param the stages file names, and this one names none
+    refused = project.stage_cmd("run", "a", "--seeds", "0,1", expect_ok=False).output
+    assert f"--seeds: {project.workdir / 'stages.yaml'} names no seed param; add a top-level " \
+           f"`seed_param: NAME`" in refused
+    assert sorted(p.name for p in (project.workdir / "exps").iterdir()) == ["x"]

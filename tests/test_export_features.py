@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from feature_sources import dataset_json
 
 from pipeline.features.stores import open_store
 from trainer_fixtures import write_feature_store
 
 IDS = list(range(100, 110))
-
-
-@pytest.fixture
-def coco(tmp_path):
-    return dataset_json(tmp_path / "dataset_coco.json", len(IDS))
 
 
 def imported(capstack, layout, source, coco, tmp_path):

@@ -22,11 +22,7 @@ from process_helpers import committed_records, wait_for
 SETTINGS = GridSettings(backbone="resnet18", weights="random", image_size=64, grid=2)
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data") / "shapes"
-    write_shapes_dataset(root, n_train=10, n_val=2, n_test=2, seed=1, size=64)
-    return root, root / "dataset_shapes.json"
+SHAPES = dict(n_train=10, n_val=2, n_test=2, seed=1)  # conftest's shapes
 
 
 def extract(shapes, root, settings=SETTINGS, batch_size=4, **kw):

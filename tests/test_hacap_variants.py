@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from pipeline.captions.prepared import load_captions
 from pipeline.captions.vocab import BOS_ID, EOS_ID, PAD_ID
 from pipeline.core.errors import CapstackError
 from trainer.batch import TrainBatch, whole_batch
@@ -32,8 +31,7 @@ from trainer.training import loop
 from trainer.training.build import build
 from trainer.training.position import Position
 from test_hacap import caption_rows  # token rows of VOCAB (20) words, <bos> first
-from trainer_fixtures import (make_decoder, make_prepared, tiny_decoder_config, write_experiment,
-                              write_feature_store)
+from trainer_fixtures import (make_decoder, tiny_decoder_config, write_experiment)
 
 VOCAB, FEATURE_DIM = 20, 8
 
@@ -299,14 +297,6 @@ ADVERSARIAL = ["objective.name=adversarial", "objective.ml_every=2", "objective.
                "objective.discriminator=" + json.dumps(SMALL_ROUNDS)]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("variants")
-    _, prepared = make_prepared(root)
-    store = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
-    return root, prepared, store
-
-
 def experiment(root, prepared, store, name, epochs=1, **decoder):
     exp = write_experiment(root / f"{name}.yaml", decoder="hacap", captions=prepared,
                            features=[store], epochs=epochs, log_every=1,
@@ -327,8 +317,8 @@ def test_an_old_checkpoint_loads_and_the_codes_credit_trains_from_it(data, tmp_p
     """An ML checkpoint saved before ``discriminator_reads_image`` existed (the key taken out
     of its experiment and identity) loads, and an adversarial run with the code's credit
     starts from it: its steps, D's rounds and interludes."""
-    root, prepared, store = data
-    exp = experiment(root, prepared, store, "ml")
+    _, prepared, store, _ = data
+    exp = experiment(tmp_path, prepared, store, "ml")
     train(load_experiment(exp), tmp_path / "ml", progress=False)
     payload = load_checkpoint(tmp_path / "ml" / "best.pt")
     for holder in (payload["experiment"]["decoder"], payload["identity"]["decoder"]):
@@ -358,8 +348,8 @@ def test_an_old_checkpoint_loads_and_the_codes_credit_trains_from_it(data, tmp_p
 def test_a_d_that_reads_the_image_trains_in_rounds_and_scores_rollouts(data, tmp_path):
     """With ``discriminator_reads_image``: a D round trains W_img on sets that carry each
     image's pooled feature, and an adversarial step scores its rollouts with the image."""
-    root, prepared, store = data
-    exp = experiment(root, prepared, store, "image", discriminator_reads_image=True)
+    _, prepared, store, _ = data
+    exp = experiment(tmp_path, prepared, store, "image", discriminator_reads_image=True)
     config = load_experiment(exp)
     (tmp_path / "run").mkdir()
     run = build(config, tmp_path / "run")

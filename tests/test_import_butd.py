@@ -21,11 +21,6 @@ from process_helpers import committed_records, wait_for
 N = 24
 
 
-@pytest.fixture
-def coco(tmp_path) -> Path:
-    return dataset_json(tmp_path / "dataset_coco.json", N)
-
-
 def run_import(sources, dataset, root, **kw):
     job = ImportJob("butd-tsv", [Path(s) for s in sources], dataset, root=root, **kw)
     return import_features(job, progress=False)

@@ -13,7 +13,7 @@ import h5py
 import lmdb
 import numpy as np
 import pytest
-from feature_sources import b64, dataset_json, region_rows
+from feature_sources import b64, region_rows
 from PIL import Image
 
 from pipeline.core.errors import CapstackError
@@ -23,11 +23,6 @@ from pipeline.features.stores import open_store
 
 N = 10
 IDS = list(range(100, 100 + N))
-
-
-@pytest.fixture
-def coco(tmp_path) -> Path:
-    return dataset_json(tmp_path / "dataset_coco.json", N)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ DIM = 10
 
 
 @pytest.fixture
-def data(tmp_path):
+def rtl_data(tmp_path):
     """(prepared folder, region store, the peer's words: capstack's shuffled, UNK last)."""
     _, prepared = make_prepared(tmp_path, n_train=8, n_val=3, n_test=3, seed=4)
     captions = load_captions(prepared)
@@ -45,8 +45,8 @@ def data(tmp_path):
     return prepared, store, words + ["UNK"]
 
 
-def imported(capstack, tmp_path, data, name, state, words=None, expect_ok=True, **options):
-    prepared, store, peer_words = data
+def imported(capstack, tmp_path, rtl_data, name, state, words=None, expect_ok=True, **options):
+    prepared, store, peer_words = rtl_data
     sources = write_peer_checkpoint(tmp_path / f"peer_{name}", state, words or peer_words,
                                     peer_options(name, **options))
     run = tmp_path / f"run_{name}"
@@ -91,10 +91,10 @@ def peer_updown(s, feats, mask, words):
     return torch.stack(out, 1)
 
 
-def test_updown_matches_its_equations_evaluates_and_starts_a_run(capstack, tmp_path, data):
-    prepared, store, words = data
+def test_updown_matches_its_equations_evaluates_and_starts_a_run(capstack, tmp_path, rtl_data):
+    prepared, store, words = rtl_data
     state = updown_state(len(words), DIM)
-    run, result = imported(capstack, tmp_path, data, "updown", state)
+    run, result = imported(capstack, tmp_path, rtl_data, "updown", state)
     assert "top_down decoder" in result.output
     ckpt = load_checkpoint(run)
     assert ckpt["experiment"]["decoder"]["word_activation"] == "relu"
@@ -131,10 +131,10 @@ def test_updown_matches_its_equations_evaluates_and_starts_a_run(capstack, tmp_p
     assert result.epochs == 1 and (tmp_path / "finetune" / "best.pt").is_file()
 
 
-def test_transformer_maps_eos_and_unk_and_decodes(capstack, tmp_path, data):
-    _, _, words = data
+def test_transformer_maps_eos_and_unk_and_decodes(capstack, tmp_path, rtl_data):
+    _, _, words = rtl_data
     state = transformer_state(len(words), DIM)
-    run, result = imported(capstack, tmp_path, data, "transformer", state)
+    run, result = imported(capstack, tmp_path, rtl_data, "transformer", state)
     assert "transformer decoder" in result.output
     model, vocab, config = load_model(load_checkpoint(run))
     assert config.decoder.config.layer_norm == "unbiased_std"
@@ -150,7 +150,7 @@ def test_transformer_maps_eos_and_unk_and_decodes(capstack, tmp_path, data):
     for row, expected in ((0, EOS_ID), (len(words), UNK_ID)):  # its <eos>, its UNK
         loud = {**state, "model.generator.proj.bias": state["model.generator.proj.bias"].clone()}
         loud["model.generator.proj.bias"][row] = 100.0
-        run, _ = imported(capstack, tmp_path / f"row{row}", data, "transformer", loud)
+        run, _ = imported(capstack, tmp_path / f"row{row}", rtl_data, "transformer", loud)
         model, vocab, _ = load_model(load_checkpoint(run))
         with torch.no_grad():
             decoded = decode(model, model.encode(feats, mask), DecodingConfig(beam_size=1), vocab)
@@ -167,24 +167,24 @@ class Runs:
         return os.system, (f"touch {self.marker}",)
 
 
-def test_refusals_name_what_is_refused(capstack, tmp_path, data):
-    prepared, store, words = data
+def test_refusals_name_what_is_refused(capstack, tmp_path, rtl_data):
+    prepared, store, words = rtl_data
     state = updown_state(len(words), DIM)
-    _, result = imported(capstack, tmp_path / "a", data, "att2in2", state, expect_ok=False)
+    _, result = imported(capstack, tmp_path / "a", rtl_data, "att2in2", state, expect_ok=False)
     assert result.exit_code != 0
     assert "opt.caption_model is 'att2in2'" in result.output
     assert "updown, topdown, transformer" in result.output
 
-    _, result = imported(capstack, tmp_path / "b", data, "updown", state, use_bn=1,
+    _, result = imported(capstack, tmp_path / "b", rtl_data, "updown", state, use_bn=1,
                          expect_ok=False)
     assert "opt.use_bn is 1" in result.output
 
     fewer = [w for w in words if w != words[0]]
-    _, result = imported(capstack, tmp_path / "c", data, "updown", updown_state(len(fewer), DIM),
-                         words=fewer, expect_ok=False)
+    _, result = imported(capstack, tmp_path / "c", rtl_data, "updown",
+                         updown_state(len(fewer), DIM), words=fewer, expect_ok=False)
     assert f"not the checkpoint's: {words[0]}" in result.output
 
-    _, result = imported(capstack, tmp_path / "d", data, "updown", updown_state(len(words), 12),
+    _, result = imported(capstack, tmp_path / "d", rtl_data, "updown", updown_state(len(words), 12),
                          expect_ok=False)
     assert "features of 10 numbers, the checkpoint reads 12" in result.output
 
@@ -216,10 +216,10 @@ def edit_infos(infos: Path, **changes) -> None:
         sys.setrecursionlimit(limit)
 
 
-def refused_leaving_nothing(capstack, data, sources, run: Path, message: str) -> str:
+def refused_leaving_nothing(capstack, rtl_data, sources, run: Path, message: str) -> str:
     """The command's one line, which holds ``message``; neither ``run`` nor its parent was
     made."""
-    prepared, store, _ = data
+    prepared, store, _ = rtl_data
     result = capstack("import-checkpoint", "rtl", *sources, "--out", run, "--captions",
                       prepared, "--features", store, expect_ok=False)
     assert result.exit_code == 1, result.output
@@ -249,32 +249,32 @@ def refused_leaving_nothing(capstack, data, sources, run: Path, message: str) ->
      "vocab: keys must be the indices 1..3 as strings, got (2,), 1"),
 ])
 def test_edited_infos_values_are_refused_naming_the_field_and_leave_no_folder(
-        capstack, tmp_path, data, name, options, changes, message):
+        capstack, tmp_path, rtl_data, name, options, changes, message):
     """Values the import passed to int() and float() unchecked ('abc', NaN, a 200,000-digit
     int), and a deeply nested epoch, which went whole into the checkpoint's digest (a
     RecursionError after the run folder was made)."""
-    state = (updown_state if name == "updown" else transformer_state)(len(data[2]), DIM)
-    sources = write_peer_checkpoint(tmp_path / "peer", state, data[2],
+    state = (updown_state if name == "updown" else transformer_state)(len(rtl_data[2]), DIM)
+    sources = write_peer_checkpoint(tmp_path / "peer", state, rtl_data[2],
                                     peer_options(**{"caption_model": name, **options}))
     edit_infos(sources[1], **changes)
-    refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "run",
+    refused_leaving_nothing(capstack, rtl_data, sources, tmp_path / "runs" / "run",
                             f"{sources[1]}: {message}")
 
 
-def test_only_the_settings_read_are_recorded(capstack, tmp_path, data):
-    state = updown_state(len(data[2]), DIM)
-    sources = write_peer_checkpoint(tmp_path / "peer", state, data[2], peer_options("updown"))
+def test_only_the_settings_read_are_recorded(capstack, tmp_path, rtl_data):
+    state = updown_state(len(rtl_data[2]), DIM)
+    sources = write_peer_checkpoint(tmp_path / "peer", state, rtl_data[2], peer_options("updown"))
     edit_infos(sources[1], epoch=np.int64(3), histories={"loss": list(range(1000))})
-    prepared, store, _ = data
+    prepared, store, _ = rtl_data
     capstack("import-checkpoint", "rtl", *sources, "--out", tmp_path / "run", "--captions",
              prepared, "--features", store)
     recorded = json.loads((tmp_path / "run" / "imported.json").read_text())
     assert {k: recorded[k] for k in ("caption_model", "peer_vocab", "epoch", "iter")} == {
-        "caption_model": "updown", "peer_vocab": len(data[2]), "epoch": 3, "iter": 100}
+        "caption_model": "updown", "peer_vocab": len(rtl_data[2]), "epoch": 3, "iter": 100}
     assert "histories" not in recorded and "loader_state_dict" not in recorded
     imported = load_checkpoint(tmp_path / "run")["imported"]
     assert imported == {"format": "rtl", "decoder": "top_down", "caption_model": "updown",
-                        "peer_vocab": len(data[2]), "epoch": 3, "iter": 100}
+                        "peer_vocab": len(rtl_data[2]), "epoch": 3, "iter": 100}
     assert type(imported["epoch"]) is int  # numpy's int64 read as the number it is
 
 
@@ -293,22 +293,22 @@ def test_only_the_settings_read_are_recorded(capstack, tmp_path, data):
      "model.decoder.layers.0.src_attn.linears.2.weight [16, 12] do not fit together"),
 ])
 def test_weights_of_another_rank_or_shape_are_refused_naming_the_key(
-        capstack, tmp_path, data, name, edit, message):
-    words = data[2]
+        capstack, tmp_path, rtl_data, name, edit, message):
+    words = rtl_data[2]
     state = (updown_state if name == "updown" else transformer_state)(len(words), DIM)
     edit(state)
     sources = write_peer_checkpoint(tmp_path / "peer", state, words, peer_options(name))
-    refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "run",
+    refused_leaving_nothing(capstack, rtl_data, sources, tmp_path / "runs" / "run",
                             f"{sources[0]}: " + message.format(rows=len(words) + 1,
                                                                words=len(words)))
 
 
-def test_a_pickled_object_or_a_fifo_as_a_source_is_named_in_one_line(capstack, tmp_path, data):
-    words = data[2]
+def test_a_pickled_object_or_a_fifo_as_a_source_is_named_in_one_line(capstack, tmp_path, rtl_data):
+    words = rtl_data[2]
     model, infos = write_peer_checkpoint(tmp_path / "peer", updown_state(len(words), DIM),
                                          words, peer_options("updown"))
     torch.save({"model": peer_options("updown")}, model)  # a Namespace, not tensors
-    said = refused_leaving_nothing(capstack, data, (model, infos), tmp_path / "runs" / "a",
+    said = refused_leaving_nothing(capstack, rtl_data, (model, infos), tmp_path / "runs" / "a",
                                    f"{model}: holds objects capstack does not load "
                                    f"(argparse.Namespace): not a plain tensor state_dict")
     assert "weights_only" not in said  # torch's advice, which would run the file's code
@@ -322,28 +322,28 @@ def test_a_pickled_object_or_a_fifo_as_a_source_is_named_in_one_line(capstack, t
         for fifo, other in ((tmp_path / "fifo.pth", infos), (tmp_path / "fifo.pkl", None)):
             os.mkfifo(fifo)
             sources = (fifo, infos) if other else (model, fifo)
-            refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "b",
+            refused_leaving_nothing(capstack, rtl_data, sources, tmp_path / "runs" / "b",
                                     f"{fifo}: not a regular file (a FIFO), never read")
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
 
 
-def test_a_failed_write_leaves_no_run_folder(capstack, tmp_path, data, monkeypatch):
+def test_a_failed_write_leaves_no_run_folder(capstack, tmp_path, rtl_data, monkeypatch):
     import trainer.imports
 
     def full(path, payload):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(trainer.imports, "save_checkpoint", full)
-    words = data[2]
+    words = rtl_data[2]
     sources = write_peer_checkpoint(tmp_path / "peer", updown_state(len(words), DIM), words,
                                     peer_options("updown"))
-    refused_leaving_nothing(capstack, data, sources, tmp_path / "runs" / "run",
+    refused_leaving_nothing(capstack, rtl_data, sources, tmp_path / "runs" / "run",
                             "best.pt: No space left on device")
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder that was there stays
-    prepared, store, _ = data
+    prepared, store, _ = rtl_data
     result = capstack("import-checkpoint", "rtl", *sources, "--out", tmp_path / "kept",
                       "--captions", prepared, "--features", store, expect_ok=False)
     assert result.exit_code == 1

@@ -19,7 +19,7 @@ from trainer.train import train
 from trainer.training import loop
 from trainer.training.build import build
 from trainer.training.position import Position
-from trainer_fixtures import logged, prepared_with_grid, write_experiment
+from trainer_fixtures import logged, write_experiment
 
 
 @dataclass
@@ -69,14 +69,8 @@ class CriticizedCrossEntropy(CrossEntropy):
         self.steps_seen = state["steps_seen"]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return prepared_with_grid(tmp_path_factory.mktemp("objectives"))
-
-
-
-def test_an_objective_with_its_own_optimiser_resumes_exactly(data, tmp_path):
-    prepared, store = data
+def test_an_objective_with_its_own_optimiser_resumes_exactly(small_data, tmp_path):
+    prepared, store = small_data
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[store], epochs=3, log_every=1,
                             objective={"name": "test_xe_with_critic", "critic_lr": 0.05})
@@ -95,9 +89,9 @@ def test_an_objective_with_its_own_optimiser_resumes_exactly(data, tmp_path):
     assert torch.equal(moments, split["optimizers"]["critic"]["state"][0]["exp_avg"])
 
 
-def test_the_critic_learns_with_its_optimiser_and_the_decoder_with_the_loops(data, tmp_path):
+def test_the_critic_learns_with_its_optimiser_and_the_decoder_with_the_loops(small_data, tmp_path):
     """The decoder's optimiser holds the decoder's parameters only; the critic moves by its own."""
-    prepared, store = data
+    prepared, store = small_data
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[store], epochs=1,
                             objective={"name": "test_xe_with_critic"})
@@ -111,8 +105,8 @@ def test_the_critic_learns_with_its_optimiser_and_the_decoder_with_the_loops(dat
     assert "critic_loss" in stats and not torch.equal(critic_before, run.objective.critic.weight)
 
 
-def test_a_changed_objective_setting_is_another_run(data, tmp_path):
-    prepared, store = data
+def test_a_changed_objective_setting_is_another_run(small_data, tmp_path):
+    prepared, store = small_data
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[store], epochs=1, objective={"name": "test_xe_with_critic"})
     train(load_experiment(path), tmp_path / "run", progress=False)

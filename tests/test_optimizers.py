@@ -15,20 +15,14 @@ from trainer.config import load_experiment
 from trainer.optimizers import OPTIMIZERS
 from trainer.train import train
 from trainer.training.build import build
-from trainer_fixtures import logged, prepared_with_grid, write_experiment
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return prepared_with_grid(tmp_path_factory.mktemp("optimizers"))
+from trainer_fixtures import logged, write_experiment
 
 
 @pytest.fixture
-def experiment(data, tmp_path):
-    prepared, store = data
+def experiment(small_data, tmp_path):
+    prepared, store = small_data
     return write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[store], epochs=3, log_every=1)
-
 
 
 @pytest.mark.parametrize("name, settings, torch_class, expected", [
@@ -83,8 +77,8 @@ def test_a_run_on_rmsprop_resumes_exactly(experiment, tmp_path):
               tmp_path / "split", progress=False)  # Adam now: another run
 
 
-def test_the_old_adam_keys_read_with_a_warning_naming_the_new_ones(data, tmp_path):
-    prepared, store = data
+def test_the_old_adam_keys_read_with_a_warning_naming_the_new_ones(small_data, tmp_path):
+    prepared, store = small_data
     path = write_experiment(tmp_path / "old.yaml", decoder="show_tell", captions=prepared,
                             features=[store], betas=[0.8, 0.9], weight_decay=0.001)
     with pytest.warns(FutureWarning,

@@ -71,10 +71,14 @@ def test_stack_caps_lstm_baseline_has_no_batch_norm_on_the_image():
 
 
 def test_stack_caps_rl_takes_one_monte_carlo_sample():
-    """Eqs 12-15: one sampled caption per stage against its greedy decode."""
+    """Eqs 12-15: one sampled caption per stage against its greedy decode (the +5samples
+    variants: five); each RL row's experiment is configs/coco/<paper>/<approach>-rl.yaml."""
     rl = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]["rl"]
-    assert all(v["samples"] == 1 for k, v in rl["foreach"].items() if "+5samples" not in k)
-    assert "--set objective.samples=${item.samples}" in rl["do"]["cmd"]
+    assert rl["do"]["params"]["config"] == "configs/coco/${key}-rl.yaml"
+    assert shlex.split(rl["do"]["cmd"])[:3] == ["capstack", "train", "${config}"]
+    for key in rl["foreach"]:
+        samples = experiment(f"coco/{key}-rl.yaml")["objective"]["samples"]
+        assert samples == (5 if "+5samples" in key else 1), key
 
 
 def test_stack_cap_grid_is_resnet101_layer4_at_448_pooled_to_14x14():
@@ -86,12 +90,18 @@ def test_stack_cap_grid_is_resnet101_layer4_at_448_pooled_to_14x14():
 def test_stack_cap_rl_is_adam_5e5_scst_and_c2f_from_the_best_xe_checkpoint():
     stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
     rl = stages["rl"]
-    assert rl["do"]["params"]["lr"] == 5e-5
     paper = {k: v for k, v in rl["foreach"].items() if "/variants/" not in k}
-    assert {k: v["objective"] for k, v in paper.items()} == {
-        f"stack_cap/{n}": ("c2f" if n.startswith("stack_cap") else "scst") for n in STACK_CAP}
+    assert sorted(paper) == sorted(f"stack_cap/{n}" for n in STACK_CAP)
+    for key, item in rl["foreach"].items():
+        config = experiment(f"coco/{key}-rl.yaml")
+        assert (config["train"]["lr"], config["train"]["optimizer"]["name"]) == (5e-5, "adam")
+        assert config["train"]["lr_decay_every"] == 0
+        objective = yaml.safe_load((ROOT / "configs" / "coco" / f"{key}-rl.yaml").read_text())[
+            "objective"]["name"]
+        assert objective == ("c2f" if key.split("/")[-1].startswith("stack_cap") else "scst"), key
+        assert config["train"]["init_from"] == f"coco/runs/{item['xe']}/best.pt", key
+        assert "coco/runs/${item.xe}" in rl["do"]["deps"]
     assert all(v["xe"] == k for k, v in paper.items())  # each from its own XE run
-    assert "train.init_from=coco/runs/${item.xe}/best.pt" in rl["do"]["cmd"]
 
 
 def test_the_coco_vocabulary_is_self_critical_pytorchs_at_threshold_5():  # Stack-Cap's 9,487
@@ -176,15 +186,18 @@ def test_bottom_up_replication_reads_36_regions_and_has_a_cider_optimised_row():
     assert (args["arch"], args["min-boxes"], args["max-boxes"]) == ("bottom-up", "36", "36")
     stages = yaml.safe_load((ROOT / "configs" / "coco.yaml").read_text())["stages"]
     rl = stages["rl_bottom_up"]
-    sets = dict(a.split("=", 1) for a in shlex.split(rl["cmd"]) if "=" in a)
-    assert rl["params"]["samples"] == 1 and sets["objective.samples"] == "${samples}"
-    assert {k: sets[k] for k in ("objective.name", "objective.reward.name", "train.init_from",
-                                 "train.select_on", "train.lr_decay_every",
-                                 "train.lr_decay_patience", "train.early_stop_patience")} == {
-        "objective.name": "scst", "objective.reward.name": "cider-d",
-        "train.init_from": "coco/runs/bottom_up/top_down/best.pt", "train.select_on": "cider",
-        "train.lr_decay_every": "0", "train.lr_decay_patience": "0",
-        "train.early_stop_patience": "0"}
+    assert rl["params"]["config"] == "configs/coco/bottom_up/top_down-rl.yaml"
+    config = flat(experiment("coco/bottom_up/top_down-rl.yaml"))
+    assert {k: config[k] for k in ("objective.samples", "train.init_from", "train.select_on",
+                                   "train.lr_decay_every", "train.lr_decay_patience",
+                                   "train.early_stop_patience")} == {
+        "objective.samples": 1, "train.init_from": "coco/runs/bottom_up/top_down/best.pt",
+        "train.select_on": "cider", "train.lr_decay_every": 0, "train.lr_decay_patience": 0,
+        "train.early_stop_patience": 0}
+    from trainer.config import load_experiment
+
+    loaded = load_experiment(ROOT / "configs" / "coco" / "bottom_up" / "top_down-rl.yaml")
+    assert (loaded.objective.name, loaded.objective.config.reward.name) == ("scst", "cider-d")
     assert rl["outs"] == ["coco/runs/bottom_up/top_down-rl"]
     assert "bottom_up/top_down-rl" in stages["evaluate"]["foreach"]
     assert shlex.split(stages["tables_bottom_up"]["cmd"])[2:4] == [
@@ -225,18 +238,23 @@ def test_hacap_on_flickr8k():
     assert "flickr8k/prepared-hacap" == config["data"]["captions"]
     args = stage_args("flickr8k.yaml", "extract_grid_layer3")
     assert (args["image-size"], args["grid"], args["layer"]) == ("224", "14", "layer3")
-    assert "objective.name=adversarial" in stages["adversarial_hacap"]["cmd"]
+    adversarial = yaml.safe_load(
+        (ROOT / "configs" / "flickr8k" / "hacap" / "hacap-adv.yaml").read_text())
+    assert stages["adversarial_hacap"]["params"]["config"] == \
+        "configs/flickr8k/hacap/hacap-adv.yaml"
+    assert adversarial["extends"] == "hacap.yaml"
     # D learns alongside maximum likelihood, on LeakGAN's schedule, in both phases
     from trainer.objectives.interleaved_pretraining import InterleavedPretrainingConfig
 
     assert config["objective"] == asdict(InterleavedPretrainingConfig())  # LeakGAN's defaults
     assert yaml.safe_load((ROOT / "configs" / "flickr8k" / "hacap" / "hacap.yaml").read_text())[
         "objective"] == {"name": "interleaved_pretraining"}
-    assert "objective.discriminator" not in stages["adversarial_hacap"]["cmd"]
+    assert adversarial["objective"] == {"name": "adversarial"}  # its D: the defaults
     assert "--lemmatize" in stages["prepare_hacap"]["cmd"]  # "official regularizations"
 
 
-VARIANTS = sorted((ROOT / "configs" / "coco").glob("*/variants/*.yaml"))
+VARIANTS = sorted(p for p in (ROOT / "configs" / "coco").glob("*/variants/*.yaml")
+                  if not p.stem.endswith("-rl"))  # a variant's RL phase: checked with it
 
 
 def flat(config: dict, prefix: str = "") -> dict:
@@ -258,8 +276,9 @@ def changed_keys(a: dict, b: dict, ignore=("name",)) -> set[str]:
                          ids=[f"{p.parent.parent.name}/{p.stem}" for p in VARIANTS])
 def test_a_variant_says_what_it_changes_and_leaves_the_paper_row_alone(path):
     """A variant's name is its paper row's, then +WHAT; what differs from the row it extends
-    (its experiment, its train stage's inputs, or its RL stage's item) is WHAT, and nothing
-    else; it has rows in its block's variants table, never in the paper's own table."""
+    (its experiment, its train stage's inputs, or its RL experiment but for the XE run it
+    starts from) is WHAT, and nothing else; it has rows in its block's variants table, never in
+    the paper's own table."""
     paper_block = path.parent.parent.name
     base_name, _, what = path.stem.partition("+")
     assert what, f"{path.name}: a variant is named APPROACH+WHAT"
@@ -274,8 +293,13 @@ def test_a_variant_says_what_it_changes_and_leaves_the_paper_row_alone(path):
         if key in train else set()
     assert key not in train or train[key]["base"] == paper_key
     rl = stages["rl"]["foreach"]
-    rl_changed = ({k for k in rl[paper_key] if k not in ("xe", "base")
-                   and rl[key].get(k) != rl[paper_key][k]} if key in rl else set())
+    rl_changed = changed_keys(experiment(f"coco/{key}-rl.yaml"),
+                              experiment(f"coco/{paper_key}-rl.yaml"),
+                              ignore=("name", "train.init_from")) if key in rl else set()
+    if key in rl:
+        assert yaml.safe_load((ROOT / "configs" / "coco" / f"{key}-rl.yaml").read_text())[
+            "extends"] == f"{path.stem}.yaml"
+        assert rl[key]["xe"] == (key if key in train else paper_key)
     assert changed or rl_changed, f"{path.name} changes nothing"
     assert all(k.rsplit(".", 1)[-1] in what for k in changed | rl_changed | train_changed), \
         (changed, train_changed, rl_changed)

@@ -12,15 +12,10 @@ from trainer.decoders import DECODERS
 from trainer.precision import Precision, autocast_dtype
 from trainer.read_ahead import _Reader, read_ahead
 from trainer.train import train
-from trainer_fixtures import (make_decoder, mean_xe, prepared_with_grid, teacher_forced,
+from trainer_fixtures import (make_decoder, mean_xe, teacher_forced,
                               tiny_decoder_config, write_experiment)
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return prepared_with_grid(tmp_path_factory.mktemp("precision"))
 
 
 def xe_and_gradients(model, feats, mask, captions, precision: Precision):
@@ -57,8 +52,8 @@ def test_auto_casts_on_cuda_only():
     assert autocast_dtype("float16", CPU) is torch.float16 and autocast_dtype("off", CPU) is None
 
 
-def test_a_cpu_run_trains_in_float16_with_a_scaler_and_resumes_with_it(data, tmp_path):
-    prepared, grid = data
+def test_a_cpu_run_trains_in_float16_with_a_scaler_and_resumes_with_it(small_data, tmp_path):
+    prepared, grid = small_data
     path = write_experiment(tmp_path / "fp16.yaml", decoder="top_down", captions=prepared,
                             features=[grid], epochs=2, amp="float16")
     train(load_experiment(path, ["train.epochs=1"]), tmp_path / "run", progress=False)
@@ -68,8 +63,8 @@ def test_a_cpu_run_trains_in_float16_with_a_scaler_and_resumes_with_it(data, tmp
     assert resumed.resumed_at == (1, 0) and resumed.epochs == 2
 
 
-def test_float16_is_refused_beside_an_objective_s_own_optimiser(data, tmp_path):
-    prepared, grid = data
+def test_float16_is_refused_beside_an_objective_s_own_optimiser(small_data, tmp_path):
+    prepared, grid = small_data
     path = write_experiment(tmp_path / "hacap.yaml", decoder="hacap", captions=prepared,
                             features=[grid], amp="float16",
                             objective={"name": "interleaved_pretraining"})
@@ -77,8 +72,8 @@ def test_float16_is_refused_beside_an_objective_s_own_optimiser(data, tmp_path):
         train(load_experiment(path), tmp_path / "run", progress=False)
 
 
-def test_amp_true_and_false_read_as_auto_and_off(data, tmp_path):
-    prepared, grid = data
+def test_amp_true_and_false_read_as_auto_and_off(small_data, tmp_path):
+    prepared, grid = small_data
     for old, now in ((True, "auto"), (False, "off")):
         path = write_experiment(tmp_path / f"{old}.yaml", decoder="show_tell",
                                 captions=prepared, features=[grid], amp=old)

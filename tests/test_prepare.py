@@ -13,6 +13,8 @@ from pipeline.captions.karpathy import load_karpathy, tokenize
 from pipeline.captions.prepare import prepare_captions
 from pipeline.captions.vocab import Vocabulary
 from pipeline.core.errors import CapstackError
+from pipeline.demo.shapes import write_shapes_dataset
+from process_helpers import last_line, run_capstack
 
 
 def write(tmp_path, data, name="dataset.json"):
@@ -238,3 +240,37 @@ def test_missing_file_and_bad_options(tmp_path, coco_like):
         prepare_captions(tmp_path / "nope.json", tmp_path / "out")
     with pytest.raises(CapstackError, match="--min-count must be at least 1"):
         prepare_captions(coco_like, tmp_path / "out", min_count=0)
+
+
+def test_prepare_on_a_full_disk_says_so_in_one_line(tmp_path, small_disk):
+    disk = small_disk("disk", "100k")
+    write_shapes_dataset(tmp_path / "big", n_train=2000, n_val=10, n_test=10, seed=0, size=32)
+    result = run_capstack("prepare", tmp_path / "big" / "dataset_shapes.json", disk / "prep",
+                          "--min-count", "1", cwd=tmp_path, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {disk / 'prep'}: cannot write it (No space left on device); nothing written "
+        f"before was changed: make room or choose another place, then run again")
+    assert not list(disk.iterdir())
+
+
+@pytest.mark.parametrize("case", ["no train images", "an empty vocabulary"])
+def test_prepare_refuses_a_dataset_no_training_could_use(tmp_path, case):
+    write_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=2, n_test=2, seed=0, size=32)
+    dataset = tmp_path / "shapes" / "dataset_shapes.json"
+    args = ["--min-count", "1"]
+    if case == "no train images":
+        data = json.loads(dataset.read_text())
+        for image in data["images"]:
+            image["split"] = "val" if image["split"] == "train" else image["split"]
+        dataset.write_text(json.dumps(data))
+        problem = ("no train captions (images by split: train 0, val 6, test 2); the "
+                   "vocabulary is chosen from them, and training needs them")
+    else:
+        args = ["--min-count", "1000"]
+        problem = ("the vocabulary is empty: the rule 'capstack' keeps no word of the train "
+                   "captions with --min-count 1000 (the most frequent, 'a', occurs ")
+    result = run_capstack("prepare", dataset, "prepared", *args, cwd=tmp_path)
+    assert result.returncode == 1  # was: 0, and a prepared folder no training could use
+    assert last_line(result).startswith(f"Error: {dataset}: {problem}")
+    assert not (tmp_path / "prepared").exists()

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import CapstackError
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.extract.kinds.region_base import given_boxes
 from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 from pipeline.features.stores import open_store
@@ -20,11 +19,7 @@ DETECT = RegionSettings(arch="c5", backbone="resnet18", weights="random", boxes=
                         num_classes=4)
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data") / "shapes"
-    write_shapes_dataset(root, n_train=6, n_val=1, n_test=1, seed=2, size=64)
-    return root, root / "dataset_shapes.json"
+SHAPES = dict(n_train=6, n_val=1, n_test=1, seed=2)  # conftest's shapes
 
 
 def extract(shapes, root, settings, **kw):

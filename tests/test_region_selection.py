@@ -14,7 +14,6 @@ import pytest
 import torch
 from torchvision.ops import nms
 
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.detectors import checkpoints
 from pipeline.features.detectors import selection as selection_module
 from pipeline.features.detectors.boxes import inclusive
@@ -181,11 +180,7 @@ def test_on_cuda_the_selection_is_the_cpu_loop_s():
 
 
 # --------------------------------------------------------------------------- stores
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data") / "shapes"
-    write_shapes_dataset(root, n_train=3, n_val=1, n_test=1, seed=3, size=64)
-    return root, root / "dataset_shapes.json"
+SHAPES = dict(n_train=3, n_val=1, n_test=1, seed=3)  # conftest's shapes
 
 
 def vg_sized_detector(flat: bool):

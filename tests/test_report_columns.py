@@ -116,6 +116,20 @@ def test_rows_name_their_experiment_and_the_baseline_reads_as_such():
     assert list(table["experiment"]) == ["baseline", "wide"]
 
 
+def test_an_evaluation_records_the_experiment_it_is_told_and_the_baseline_by_default():
+    """``capstack evaluate --experiment NAME`` (a stage passes the engine's ${experiment}):
+    the row's experiment; none given, the baseline's ("")."""
+    from pathlib import Path
+
+    from trainer.evaluation.evaluate import setting_of
+
+    root = Path(__file__).resolve().parent.parent
+    config = load_experiment(root / "configs" / "experiments" / "top_down.yaml", [])
+    assert setting_of(config, config.eval, "runs/top_down/best.pt")["experiment"] == ""
+    told = setting_of(config, config.eval, "runs/top_down/best.pt", "mc1")
+    assert told["experiment"] == "mc1" and told["run"] == "runs/top_down"
+
+
 def test_seeds_run_as_experiments_are_their_groups_rows_over_seeds():
     # --seeds runs seed 1 as experiment seed1, recorded under its group (the baseline: "")
     rows = [("a", SCORES, "XE", "cross-entropy", setting(experiment="", seed=0, run="runs/a")),

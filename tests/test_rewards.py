@@ -91,9 +91,11 @@ def test_an_image_without_references_is_named():
 # -- on a prepared folder, as an objective builds them -----------------------------------------
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(data, tmp_path_factory):
+    """(this module's folder, the session's prepared folder): the module writes under the first
+    (its CIDEr-D cache, stores, runs), never into the second."""
     root = tmp_path_factory.mktemp("rewards")
-    _, folder = make_prepared(root)
+    folder = data.prepared
     build_cache(folder, "train", root / "cider.npz")
     return root, folder
 

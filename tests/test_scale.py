@@ -154,7 +154,9 @@ def load_scale():
 
 
 def test_the_synthetic_workload_is_coco_shaped():
-    scale = load_scale()
+    load_scale()  # puts benchmarks/ on the path, where its workload module lives
+    import scale_parts.workload as scale
+
     plan = scale.split_plan(scale.COCO_IMAGES)
     assert [plan.count(s) for s in ("train", "restval", "val", "test")] == \
         [82_783, 30_504, 5_000, 5_000]

@@ -10,24 +10,15 @@ from __future__ import annotations
 import json
 import pytest
 
-from pipeline.captions.prepared import load_captions
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from pipeline.core.errors import CapstackError
 from trainer.config import load_experiment
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.scoring.metrics import selectable
 from trainer.train import train
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import write_experiment
 
 NEW_TOP_DOWN = ("att_activation", "att_dropout", "weight_norm", "word_dropout")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("selection")
-    _, prepared = make_prepared(root)
-    grid = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
-    return prepared, grid
 
 
 @pytest.fixture
@@ -41,7 +32,7 @@ def scripted(monkeypatch):
 
 
 def run(data, tmp_path, epochs: int, **train_settings):
-    prepared, grid = data
+    _, prepared, grid, _ = data
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[grid], epochs=epochs, **train_settings)
     return train(load_experiment(path), tmp_path / "run", progress=False)
@@ -93,7 +84,7 @@ def test_a_nan_validation_is_never_kept_and_the_best_finite_one_is(data, tmp_pat
 def test_a_run_whose_every_validation_is_nan_says_it_has_no_best(data, tmp_path, scripted,
                                                                  capstack):
     scripted({"cider": float("nan")}, {"cider": float("nan")})
-    prepared, grid = data
+    _, prepared, grid, _ = data
     path = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                             features=[grid], epochs=2)
     out = capstack("train", path, "--out", tmp_path / "run").output
@@ -142,7 +133,7 @@ def test_the_lr_falls_each_time_lr_decay_patience_epochs_pass_without_a_better_o
 def test_a_checkpoint_saved_before_these_settings_resumes_and_evaluates(data, tmp_path):
     """No best_score (kept on CIDEr, its only score then), and no top_down settings added since
     in its identity or experiment: it resumes, and reads as the default top_down it was."""
-    prepared, grid = data
+    _, prepared, grid, _ = data
     path = write_experiment(tmp_path / "td.yaml", decoder="top_down", captions=prepared,
                             features=[grid], epochs=1)
     train(load_experiment(path), tmp_path / "run", progress=False)

@@ -28,7 +28,7 @@ BAD_FILES = {
     "unknown stage key": (
         GOOD.replace("    params: {min_count: 2}", "    params: {min_count: 2}\n    outz: [x]"),
         ["stages.prepare.outz: unknown key",
-         "allowed: cmd, deps, desc, nproc, outs, params, shell, when"],
+         "allowed: cmd, deps, desc, metrics, nproc, outs, params, shell, when"],
     ),
     "unknown top-level key": (GOOD + "settings: {}\n", ["settings: unknown key"]),
     "dep cycle": (
@@ -95,6 +95,46 @@ BAD_FILES = {
         GOOD + "  copies:\n    foreach: {a: {n: 1}}\n    do:\n"
                "      cmd: capstack prepare ${item.m} y\n",
         ["stages.copies@a.cmd: unknown param ${item.m}"]),
+    # ${experiment} is the engine's, given to a cmd when the stage runs
+    "a param named as a built-in": (GOOD.replace("{min_count: 2}", "{min_count: 2, experiment: a}"),
+                                    ["stages.prepare.params.experiment: 'experiment' is a name "
+                                     "the engine gives a stage's cmd"]),
+    "a built-in in an out": (GOOD.replace("outs: [data/prepared]", "outs: ['data/${experiment}']"),
+                             ["stages.prepare.outs: ${experiment} is given to a stage's cmd "
+                              "only"]),
+    # seeds: the param the file names
+    "seed_param naming no param": (GOOD + "seed_param: seed\n",
+                                   ["seed_param: no stage has a param 'seed'"]),
+    "seed_param not a name": (GOOD + "seed_param: [seed]\n",
+                              ["seed_param: expected the name of the param that a stage's "
+                               "seed is"]),
+    # metrics: files of numbers a stage writes, inside one of its outs
+    "metrics not a list": (GOOD.replace("outs: [data/prepared]",
+                                        "outs: [data/prepared]\n    metrics: data/prepared/m.json"),
+                           ["stages.prepare.metrics: expected a list of metrics files"]),
+    "metrics outside the outs": (
+        GOOD.replace("outs: [data/prepared]", "outs: [data/prepared]\n    metrics: [m.json]"),
+        ["stages.prepare.metrics: 'm.json' lies in none of the stage's outs (data/prepared)"]),
+    "metrics entry with an unknown key": (
+        GOOD.replace("outs: [data/prepared]", "outs: [data/prepared]\n    metrics:\n"
+                     "      - {path: data/prepared/m.json, shown: [a]}"),
+        ["stages.prepare.metrics[0].shown: unknown key (allowed: path, percent, show)"]),
+    "metrics entry without a path": (
+        GOOD.replace("outs: [data/prepared]", "outs: [data/prepared]\n    metrics:\n"
+                     "      - {show: [a]}"),
+        ["stages.prepare.metrics[0].path: missing"]),
+    "metrics show not a list": (
+        GOOD.replace("outs: [data/prepared]", "outs: [data/prepared]\n    metrics:\n"
+                     "      - {path: data/prepared/m.json, show: CIDEr}"),
+        ["stages.prepare.metrics[0].show: expected a list of the file's keys"]),
+    "metrics show naming a column twice": (
+        GOOD.replace("outs: [data/prepared]", "outs: [data/prepared]\n    metrics:\n"
+                     "      - {path: data/prepared/m.json, show: [a.CIDEr, b.CIDEr]}"),
+        ["stages.prepare.metrics[0].show: two keys make the column 'CIDEr'"]),
+    "metrics percent not a boolean": (
+        GOOD.replace("outs: [data/prepared]", "outs: [data/prepared]\n    metrics:\n"
+                     "      - {path: data/prepared/m.json, percent: 'yes'}"),
+        ["stages.prepare.metrics[0].percent: expected true or false, got 'yes'"]),
 }
 
 
@@ -279,11 +319,35 @@ def test_the_shipped_approach_list_gives_the_stages_written_out_before_it():
                      "rl@stack_cap", "rl@stack_cap_star",
                      # the attribute loss at 0.2, 3 epochs: at 1 for 2 its classes stayed at chance
                      "detector"}
+    # the RL and adversarial recipes moved from --set words into experiment files
+    # (configs/experiments/<name>-rl.yaml, ...): the same runs, trained as before
+    # (tests/test_recipes.py), from commands that name the file and a seed
+    moved = {"rl", "adversarial"}
+    # the evaluations pass the engine's ${experiment} since, and declare their metrics file
+    told = {"evaluate"}
     for name, stage in before.stages.items():
-        if name not in changed_since:
+        if name.split("@", 1)[0] in moved:
+            assert now.stages[name].outs == stage.outs, name
+        elif name.split("@", 1)[0] in told:
+            assert _experiment_untold(now.stages[name]) == stage, name
+            assert [m.path for m in now.stages[name].metrics] == [f"{stage.outs[0]}/metrics.json"]
+        elif name not in changed_since:
             assert _config_written(now.stages[name], _rewarded(stage)) == _rewarded(stage), name
     kept = [d for d in now.stages["tables"].deps if d in before.stages["tables"].deps]
     assert kept == list(before.stages["tables"].deps)
+
+
+def _experiment_untold(stage):
+    """An evaluate stage as written before it passed ``--experiment ${experiment}`` (the engine
+    gives the experiment it runs in) and declared its metrics file."""
+    from dataclasses import replace
+
+    told = " --experiment ${experiment}"
+    assert stage.cmd_template.endswith(told) and stage.argv[-2:] == ("--experiment",
+                                                                      "${experiment}")
+    return replace(stage, cmd=stage.cmd.removesuffix(told),
+                   cmd_template=stage.cmd_template.removesuffix(told), argv=stage.argv[:-2],
+                   given=(), metrics=())
 
 
 def _config_written(stage, before):
@@ -442,3 +506,43 @@ def test_a_foreach_entrys_params_may_name_its_key_and_items(tmp_path):
     with pytest.raises(CapstackError, match=r"stages.train.do.params.config: unknown param "
                                             r"\$\{min_count\}"):
         load_stages_file(path, main.commands)
+
+
+def test_a_cmd_is_given_its_experiment_when_it_runs_and_records_no_param(tmp_path):
+    """``${experiment}`` is the engine's: left in the cmd when the file is read, never a param
+    (where a stage runs never makes it stale), filled when the stage runs, one word without a
+    shell (the baseline's an empty word), pasted as it is with one."""
+    from pipeline.engine.interpolation import with_given
+    from pipeline.engine.stagefile import MetricsFile, load_stages_file
+
+    path = tmp_path / "stages.yaml"
+    path.write_text("""
+stages:
+  evaluate:
+    foreach: [a]
+    do:
+      cmd: python eval.py runs/${key} evals/${key} --experiment ${experiment}
+      outs:
+        - evals/${key}
+      metrics:
+        - evals/${key}/metrics.json
+        - path: evals/${key}/more.json
+          show: [metrics.CIDEr]
+          percent: true
+  noted:
+    cmd: echo ${experiment} > noted.txt
+    shell: true
+    outs: [noted.txt]
+""")
+    stages = load_stages_file(path, ["evaluate"]).stages
+    stage = stages["evaluate@a"]
+    assert stage.params == {"key": "a"} and stage.given == ("experiment",)
+    assert stage.metrics == (MetricsFile("evals/a/metrics.json"),
+                             MetricsFile("evals/a/more.json", ("metrics.CIDEr",), True))
+    baseline = with_given(stage, {"experiment": ""})
+    assert baseline.argv[-2:] == ("--experiment", "")
+    assert baseline.cmd.endswith("--experiment ''")
+    named = with_given(stage, {"experiment": "mc1"})
+    assert named.argv[-1] == "mc1" and named.cmd_template == stage.cmd_template
+    assert with_given(stages["noted"], {"experiment": "a b"}).argv == (
+        "/bin/sh", "-c", "echo a b > noted.txt")

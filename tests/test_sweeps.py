@@ -23,11 +23,11 @@ from pipeline.engine.stagefile import load_stages_file, parse_values
 from process_helpers import wait_for
 from test_experiments import TRAIN, project, states  # noqa: F401  (project: a fixture)
 
-# train.py DATA OUT SEED LR WIDTH CONFIG: a "run" whose metrics say its settings; it waits the
-# seconds pause.json gives its seed, and notes the threads and GPU its process was given
+# train.py DATA OUT SEED LR WIDTH CONFIG EXPERIMENT: a "run" whose metrics say its settings; it
+# waits the seconds pause.json gives its seed, and notes the threads and GPU its process was given
 STEP = """\
 import json, os, pathlib, sys, time
-data, out, seed, lr, width, config = sys.argv[1:]
+data, out, seed, lr, width, config, experiment = sys.argv[1:]
 started = time.time()
 pause = pathlib.Path("pause.json")
 if pause.exists():
@@ -37,7 +37,7 @@ cider = float(lr) * int(width) + int(seed) / 100 + len(pathlib.Path(data).read_t
 env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
 pathlib.Path(out, "metrics.json").write_text(json.dumps({
     "metrics": {"CIDEr": cider}, "env": env, "started": started, "ended": time.time(),
-    "setting": {"experiment": os.environ["CAPSTACK_EXPERIMENT"], "seed": int(seed)}}))
+    "setting": {"experiment": experiment, "seed": int(seed)}}))
 """
 DATA = """\
 import pathlib, sys
@@ -46,6 +46,7 @@ pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
 pathlib.Path(out).write_text("x" * int(size))
 """
 STAGES = """
+seed_param: seed
 params:
   python: {python}
 stages:
@@ -57,10 +58,12 @@ stages:
   train:
     cmd: >-
       ${{python}} scripts/train.py data/base.txt runs/model ${{seed}} ${{lr}} ${{width}}
-      ${{config}}
+      ${{config}} ${{experiment}}
     params: {{seed: 0, lr: 0.001, width: 8, config: a.yaml}}
     deps: [scripts/train.py, data/base.txt]
     outs: [runs/model]
+    metrics:
+      - {{path: runs/model/metrics.json, show: [metrics.CIDEr], percent: true}}
 """
 
 
@@ -352,6 +355,7 @@ def test_slurm_jobs_carry_their_parameters_and_depend_on_the_shared_stages(sweep
 # -- the demo's decoders, trained side by side -------------------------------------------------
 
 TRAINING = """
+seed_param: seed
 stages:
   train:
     cmd: capstack train {experiment} --out runs/m --restart-on-change --set train.seed=${{seed}}

@@ -18,13 +18,8 @@ from trainer.data import Features, TrainBatches
 from trainer.evaluation.evaluate import evaluate_checkpoint
 from trainer.train import train
 from trainer.training import loop
-from trainer_fixtures import (cider_d, grid_and_region_stores, train_losses, write_experiment,
+from trainer_fixtures import (cider_d, train_losses, write_experiment,
                               write_feature_store)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return grid_and_region_stores(tmp_path_factory.mktemp("train"))
 
 
 def test_one_length_batches_hold_captions_of_one_length_each_caption_once_an_epoch(data):
@@ -183,7 +178,6 @@ def test_checkpoint_refused_on_other_stores_or_config(data, tmp_path):
     with pytest.raises(CapstackError, match="decoder.hidden: the checkpoint has 32"):
         train(load_experiment(path, ["decoder.hidden=16", "train.epochs=2"]),
               tmp_path / "run", progress=False)
-
 
 
 def test_a_start_may_change_only_the_dropout_and_a_resume_nothing(data, tmp_path):

@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from pipeline.core.errors import CapstackError
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.detectors.checkpoints import load_detector
 from pipeline.features.detectors.training import DetectorTraining, train_detector
 from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
 from pipeline.features.stores import open_store
+from process_helpers import last_line, run_capstack
 
 TINY = DetectorTraining(label_key="shape", attribute_key="color", epochs=1, batch_size=3,
                         image_size=64, proposals=20, train_proposals=40, rois=8)
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data") / "shapes"
-    write_shapes_dataset(root, n_train=6, n_val=1, n_test=2, seed=3, size=64)
-    return root, root / "dataset_shapes.json"
+SHAPES = dict(n_train=6, n_val=1, n_test=2, seed=3)  # conftest's shapes
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +197,74 @@ def test_detector_weights_holding_nan_are_refused_when_loaded(trained, tmp_path)
     with pytest.raises(CapstackError, match=f"{diverged}: rpn.conv.weight holds NaN or "
                                             f"infinite values"):
         load_detector(diverged)
+
+
+def with_image_1(shapes, tmp_path: Path, change) -> Path:
+    data = json.loads(shapes[1].read_text())
+    change(data["images"][1])
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def unlabel(image: dict) -> None:
+    image["boxes"] = [{"box": b["box"]} for b in image["boxes"]]
+
+
+@pytest.mark.parametrize("change", [lambda im: im.update(boxes=[]), unlabel],
+                         ids=["no boxes", "no labelled box"])
+def test_an_image_without_labelled_boxes_is_left_out_of_a_detectors_training(shapes, tmp_path,
+                                                                            change):
+    """Was: IndexError: index is out of bounds for dimension with size 0."""
+    from pipeline.features.detectors.training import DetectorTraining, train_detector
+
+    root, _ = shapes
+    dataset = with_image_1(shapes, tmp_path, change)
+    cfg = DetectorTraining(label_key="shape", attribute_key="color", epochs=1, batch_size=3,
+                           image_size=64, proposals=20, train_proposals=40, rois=8)
+    result = train_detector(dataset, root, tmp_path / "d.pth", cfg, progress=False)
+    assert result["without_boxes"] == 1 and (tmp_path / "d.pth").is_file()
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda im: im.update(boxes="abc"), ".boxes: expected a list of boxes ([x1, y1, x2, y2], "
+                                        "or {\"box\": [...], ...} with its labels), got 'abc'"),
+    (lambda im: im.update(boxes=None), ".boxes: expected a list of boxes ([x1, y1, x2, y2], "
+                                       "or {\"box\": [...], ...} with its labels), got None"),
+    (lambda im: im["boxes"][0].update(shape=["a"]), ".boxes[0].shape: expected a name, got "
+                                                    "['a']"),
+    (lambda im: im["boxes"][0].update(box=[1000, 1000, 2000, 2000]),
+     ".boxes[0]: [1000.0, 1000.0, 2000.0, 2000.0] lies wholly outside the image (64x64 "
+     "pixels)"),
+], ids=["a string", "null", "a list as a label", "wholly outside"])
+def test_boxes_a_training_cannot_use_are_named(shapes, tmp_path, change, problem):
+    """Was: TypeError ('NoneType' object is not iterable, unhashable type: 'list'), a string's
+    letters read as boxes, ValueError: Coordinate 'right' is less than 'left'."""
+    from pipeline.demo.backbone import BackboneTraining, train_backbone
+    from pipeline.features.detectors.training import DetectorTraining, train_detector
+
+    root, _ = shapes
+    dataset = with_image_1(shapes, tmp_path, change)
+    cfg = DetectorTraining(label_key="shape", attribute_key="color", epochs=1, batch_size=3,
+                           image_size=64, proposals=20, train_proposals=40, rois=8)
+    for train in (lambda: train_detector(dataset, root, tmp_path / "d.pth", cfg,
+                                         progress=False),
+                  lambda: train_backbone(dataset, root, tmp_path / "b.pth",
+                                         BackboneTraining(epochs=1, crop_size=16))):
+        with pytest.raises(CapstackError) as refused:
+            train()
+        assert str(refused.value) == f"{dataset}: images[1] (imgid 1){problem}"
+    assert not (tmp_path / "d.pth").exists() and not (tmp_path / "b.pth").exists()
+
+
+def test_a_given_box_wholly_outside_its_image_is_refused(shapes, tmp_path):
+    root, _ = shapes
+    dataset = with_image_1(shapes, tmp_path,
+                           lambda im: im["boxes"][0].update(box=[100, 10, 120, 30]))
+    result = run_capstack("extract-regions", dataset, root, "--arch", "c5", "--backbone",
+                          "resnet18", "--weights", "random", "--boxes", "given", "--min-size",
+                          64, "--max-size", 64, "--workers", 0, "--features-root",
+                          tmp_path / "features", cwd=tmp_path)
+    assert result.returncode == 1
+    assert last_line(result) == (f"Error: {dataset}: image 1: boxes[0]: [100.0, 10.0, 120.0, "
+                                 f"30.0] lies wholly outside the image (64x64 pixels)")

@@ -19,12 +19,7 @@ from trainer.data import Features, TrainBatches
 from trainer.runs import RunRecord
 from trainer.train import train
 from trainer.training import loop
-from trainer_fixtures import grid_and_region_stores, train_losses, write_experiment
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return grid_and_region_stores(tmp_path_factory.mktemp("readers"))
+from trainer_fixtures import train_losses, write_experiment
 
 
 def batches(prepared, stores, readers: int, batching: str) -> TrainBatches:

@@ -15,31 +15,21 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from pipeline.captions.prepared import load_captions
 from pipeline.core.errors import CapstackError
 from pipeline.core.runlock import exclusive_beside
 from trainer.config import load_experiment
 from trainer.runs import evaluation_folder, list_runs
 from trainer.train import train
 from trainer.training import loop
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import write_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+)  loss (\d+\.\d{3})  val CIDEr (\d+\.\d)  "
                         r"best (\d+\.\d) \((epoch \d+|start)\)  (\d+\.\d) s")
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("watch")
-    dataset, prepared = make_prepared(root)
-    grid = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids,
-                               kind="grid", image_root=dataset.parent)
-    return prepared, grid
-
-
 def experiment(data, path: Path, **train_settings) -> Path:
-    prepared, grid = data
+    _, prepared, grid, _ = data
     return write_experiment(path, decoder="show_tell", captions=prepared, features=[grid],
                             **train_settings)
 

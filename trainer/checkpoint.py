@@ -33,7 +33,6 @@ from pipeline.core.state_dicts import first_misfit, require_fit, tensors_only
 from pipeline.core.torch_files import load_tensors
 from trainer import upgrade
 from trainer.config import experiment_from_dict
-from trainer.upgrade import FIRST_FORMAT
 
 if TYPE_CHECKING:
     from trainer.data import Features
@@ -48,6 +47,8 @@ NUMBER = (int, float)
 HOLDS = {"identity": dict, "experiment": dict, "vocab": dict, "stores": list, "feature_dim": int,
          "model": dict, "optimizer": dict, "scheduler": dict, "epoch": int, "batch": int,
          "step": int, "best_cider": NUMBER, "best_epoch": int}
+# and those whose form has changed (an older format's: trainer/upgrade.py), with whether required
+FIELDS = [("objective", dict, True), ("identity.decoder", dict, True)]
 _KINDS = {dict: "a dict", list: "a list", int: "an int", str: "a str", NUMBER: "a number"}
 
 
@@ -147,7 +148,7 @@ def load_checkpoint(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "best.pt"
     payload = load_tensors(path, "checkpoint")  # a FIFO, a pickled object: named in one line
-    if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FIRST_FORMAT):
+    if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, *upgrade.OLD_FORMATS):
         raise CapstackError(f"{path}: not a capstack checkpoint (no {FORMAT!r} format tag)")
     check_depth(payload, path)
     saved_digest = payload.pop(DIGEST, None)  # checkpoints before checksums have none
@@ -209,16 +210,16 @@ def check_form(payload: dict, path: Path) -> None:
     file (a KeyError 'vocab', a size mismatch)."""
     for key, kind in HOLDS.items():
         _held(path, payload, key, key, kind)
-    first = payload["format"] == FIRST_FORMAT
-    if not first:
-        _held(path, payload, "objective", "objective", dict)
+    for field, kind, required in upgrade.old_checkpoint_fields(payload) or FIELDS:
+        *sections, key = field.split(".")
+        container = payload
+        for section in sections:
+            container = container[section]
+        if required:
+            _held(path, container, key, field, kind)
+        elif container.get(key) is not None:
+            _of_kind(path, container[key], field, kind)
     identity = payload["identity"]
-    _held(path, identity, "decoder", "identity.decoder", str if first else dict)
-    if first:
-        _held(path, identity, "decoder_config", "identity.decoder_config", dict)
-        decoder_config = payload["experiment"].get("decoder_config")
-        if decoder_config is not None:
-            _of_kind(path, decoder_config, "experiment.decoder_config", dict)
     _held(path, _held(path, identity, "vocab", "identity.vocab", dict), "md5",
           "identity.vocab.md5", str)
     for k, store in enumerate(_held(path, identity, "stores", "identity.stores", list)):

@@ -21,12 +21,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
 
 from pipeline.core.errors import CapstackError
-from pipeline.core.jsonfile import read_json, write_json
-from pipeline.core.regular import read_text
+from pipeline.core.jsonfile import write_json
 from pipeline.core.runlock import lock_beside
+from trainer import upgrade
+from trainer.run_fields import epoch_number, finite_score, pick, read_json_for
 
 STATE_FILE = "state.json"
 MARKER = "capstack-run"  # state.json's "capstack" value: what makes a folder a run
@@ -151,8 +151,9 @@ def read_run(folder: Path, workdir: Path) -> RunRow | None:
     read_config(folder / "config.json", row)
     if (folder / STATE_FILE).exists():
         read_state(folder / STATE_FILE, row)
-    else:
-        read_older_run(folder, row)
+    else:  # a run trained before runs kept a record: what it left, read as one
+        for key, value in upgrade.older_run(folder, row.epochs, row.notes).items():
+            setattr(row, key, value)
     if held:
         row.state, row.error = "running", None  # resumed: how it ended before is past
     elif row.state == "running":
@@ -184,147 +185,32 @@ def lock_held(folder: Path) -> bool:
     return False
 
 
-def read_json_for(path: Path, row: RunRow, what: str) -> dict | None:
-    """A json object from ``path``, or None with a note naming what is wrong with it."""
-    try:
-        value = read_json(path, what)
-    except CapstackError as error:
-        row.notes.append(str(error))
-        return None
-    if not isinstance(value, dict):
-        row.notes.append(f"{path}: expected a JSON object, got {type(value).__name__}")
-        return None
-    return value
-
-
-def pick(data: dict, keys: str, kind, path: Path, row: RunRow):
-    """``data[a][b]`` for ``keys`` "a.b" when it has ``kind``; else None and a note."""
-    value: Any = data
-    for key in keys.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    kinds = (kind,) if isinstance(kind, type) else kind
-    if value is None or not isinstance(value, kinds) or isinstance(value, bool):
-        row.notes.append(f"{path}: {keys}: expected {kinds[0].__name__}, got {value!r}")
-        return None
-    return value
-
-
 def read_config(path: Path, row: RunRow) -> None:
     if not path.exists():
         row.notes.append(f"{path}: not found (the run has not started training)")
         return
-    config = read_json_for(path, row, "run config")
+    config = read_json_for(path, row.notes, "run config")
     if config is not None:
-        row.decoder = pick(config, "decoder.name", str, path, row)
-        row.objective = pick(config, "objective.name", str, path, row)
-        row.epochs = pick(config, "train.epochs", int, path, row)
+        row.decoder = pick(config, "decoder.name", str, path, row.notes)
+        row.objective = pick(config, "objective.name", str, path, row.notes)
+        row.epochs = pick(config, "train.epochs", int, path, row.notes)
 
 
 def read_state(path: Path, row: RunRow) -> None:
-    state = read_json_for(path, row, "run record")
+    state = read_json_for(path, row.notes, "run record")
     if state is None:
         return
     if state.get("capstack") != MARKER or state.get("state") not in STATES:
         row.notes.append(f"{path}: not a capstack run record (state {state.get('state')!r})")
         return
     row.state = state["state"]
-    row.epochs = pick(state, "epochs", int, path, row)
-    row.epochs_done = pick(state, "epochs_done", int, path, row)
+    row.epochs = pick(state, "epochs", int, path, row.notes)
+    row.epochs_done = pick(state, "epochs_done", int, path, row.notes)
     if state.get("best_cider") is not None:
-        row.best_cider = finite_score(state, "best_cider", path, row)
-        row.best_epoch = epoch_number(state, "best_epoch", 0, path, row)
+        row.best_cider = finite_score(state, "best_cider", path, row.notes)
+        row.best_epoch = epoch_number(state, "best_epoch", 0, path, row.notes)
     if row.state in ("failed", "stopped"):
         row.error = state.get("error")
-
-
-def read_older_run(folder: Path, row: RunRow) -> None:
-    """A run trained before runs kept ``state.json``: its ``summary.json`` (written when it
-    finished; those capstacks counted its ``best_epoch`` from 0, -1 the start, where
-    ``summary.json`` now counts as ``state.json`` does) or the validations of its
-    ``metrics.jsonl``."""
-    summary_path = folder / "summary.json"
-    if summary_path.exists():
-        summary = read_json_for(summary_path, row, "run summary")
-        if summary is not None:
-            row.epochs_done = pick(summary, "epochs", int, summary_path, row)
-            if summary.get("best_cider") is not None:
-                row.best_cider = finite_score(summary, "best_cider", summary_path, row)
-                best_epoch = epoch_number(summary, "best_epoch", -1, summary_path, row)
-                row.best_epoch = None if best_epoch is None else best_epoch + 1
-            done, planned = row.epochs_done, row.epochs
-            row.state = "finished" if done is not None and (planned is None or done >= planned) \
-                else "stopped"
-            return
-    if not (folder / "metrics.jsonl").exists():
-        return  # no training to read: what is there (a config) said what it could
-    vals = validations(folder / "metrics.jsonl", row)
-    row.epochs_done = len({epoch for epoch, _ in vals if epoch >= 0})
-    scored = [(cider, -epoch) for epoch, cider in vals if math.isfinite(cider)]
-    if scored:  # a NaN validation is never the best; of equal scores the first
-        cider, epoch = max(scored)
-        row.best_cider, row.best_epoch = cider, 1 - epoch
-    row.state = "stopped"
-    row.notes.append("no end state recorded (trained by a capstack that kept none)")
-
-
-def validations(path: Path, row: RunRow) -> list[tuple[int, float]]:
-    """(epoch, CIDEr) of each validation in a training log; a bad line is noted, not fatal."""
-    import json
-
-    try:
-        lines = read_text(path, "a training log").splitlines()
-    except FileNotFoundError:
-        return []
-    except CapstackError as error:  # not a regular file: never read
-        row.notes.append(str(error))
-        return []
-    except (OSError, UnicodeDecodeError) as error:
-        row.notes.append(f"{path}: cannot read ({error})")
-        return []
-    found = []
-    for number, line in enumerate(lines, 1):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            entry = None
-        if not isinstance(entry, dict):
-            row.notes.append(f"{path}: line {number} is not a log entry")
-            break
-        if entry.get("kind") != "val":
-            continue
-        epoch, cider = entry.get("epoch"), entry.get("cider")
-        if not is_int(epoch) or epoch < -1 or not is_number(cider):
-            row.notes.append(f"{path}: line {number}: a validation of epoch {epoch!r} scored "
-                             f"{cider!r} (expected an epoch from -1 and a number)")
-            break
-        found.append((epoch, float(cider)))
-    return found
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def finite_score(data: dict, key: str, path: Path, row: RunRow) -> float | None:
-    """``data[key]`` when a finite number; else None and a note (a NaN is no best score)."""
-    value = data.get(key)
-    if is_number(value) and math.isfinite(value):
-        return value
-    row.notes.append(f"{path}: {key}: expected a finite number, got {value!r}")
-    return None
-
-
-def epoch_number(data: dict, key: str, first: int, path: Path, row: RunRow) -> int | None:
-    """``data[key]`` when a whole number from ``first``; else None and a note."""
-    value = data.get(key)
-    if is_int(value) and value >= first:
-        return value
-    row.notes.append(f"{path}: {key}: expected an epoch number from {first}, got {value!r}")
-    return None
 
 
 def evaluation_folder(target: Path) -> Path:
@@ -347,13 +233,13 @@ def read_test_cider(folder: Path, workdir: Path, row: RunRow) -> None:
     """The CIDEr of ``capstack evaluate``: ``evals/<name>/`` beside ``runs/`` (the stages' place
     and evaluate's), else ``<run>/eval/`` (where evaluate wrote by default before)."""
     path = next((p for p in (evaluation_folder(folder) / "metrics.json",
-                             folder / "eval" / "metrics.json") if p.exists()), None)
+                             *upgrade.older_evaluations(folder)) if p.exists()), None)
     if path is None:
         return
-    metrics = read_json_for(path, row, "evaluation")
+    metrics = read_json_for(path, row.notes, "evaluation")
     if metrics is None:
         return
-    cider = pick(metrics, "metrics.CIDEr", (float, int), path, row)
+    cider = pick(metrics, "metrics.CIDEr", (float, int), path, row.notes)
     if cider is None:
         return
     if metrics.get("split", "test") != "test":

@@ -1,9 +1,18 @@
-"""Every old form capstack still reads, in one place: experiment files, ``--set`` overrides and
-checkpoints saved by an earlier capstack, each brought to today's form once, when it is loaded.
+"""Every old form the trainer still reads, in one place: experiment files, ``--set`` overrides,
+checkpoints and run folders saved by an earlier capstack, each brought to today's form once,
+when it is loaded.
 
-trainer/config.py keeps today's schema and its reader; trainer/checkpoint.py today's format.
-Their loaders call this module once per load (``load_experiment``: :func:`experiment_file` and
-:func:`override`; ``load_checkpoint``: :func:`checkpoint`), and nothing else reads an old form.
+trainer/config.py keeps today's schema and its reader; trainer/checkpoint.py today's format;
+trainer/runs.py today's run record. Their loaders call this module once per load
+(``load_experiment``: :func:`experiment_file` and :func:`override`; ``load_checkpoint``:
+:func:`checkpoint`, and :func:`old_checkpoint_fields` for the fields it checks first; a
+resume's ``config.json``: :func:`saved_experiment`; ``capstack runs``: :func:`older_run`,
+:func:`older_evaluations`), and nothing else in trainer/ reads an old form. pipeline/, which
+never imports the trainer, reads its own old forms where they are loaded: a store's first
+metadata in pipeline/features/stores/schema.py (``upgrade_meta``).
+
+This module imports no torch at its top (the registries it reads are imported where they are
+needed): ``capstack runs`` lists runs through it without loading torch.
 
 What is read, and how:
 
@@ -19,21 +28,27 @@ What is read, and how:
 - a checkpoint's decoder identity saved before a decoder setting existed: the setting at its
   default, which is what that run did (:func:`with_new_decoder_settings`); its table labels
   when it was saved before checkpoints recorded them; the run's fields added since
-  (:func:`with_run_fields`: the kept score, the precision's state, the start, the epoch's loss).
+  (:func:`with_run_fields`: the kept score, the precision's state, the start, the epoch's loss);
+- a run trained before runs kept ``state.json``: its ``summary.json`` or its log's validations,
+  whose epochs counted from 0 (:func:`older_run`); its evaluation in ``<run>/eval/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import warnings
+from pathlib import Path
 
 import yaml
 
 from pipeline.core.errors import CapstackError
-from trainer.decoders import DECODERS
-from trainer.objectives import OBJECTIVES, table_labels_of
+from pipeline.core.regular import read_text
+from trainer.run_fields import epoch_number, finite_score, is_int, is_number, pick, read_json_for
 
 FIRST_FORMAT = "capstack-checkpoint-1"  # flat experiment: decoder_config, train.objective
+OLD_FORMATS = (FIRST_FORMAT,)  # the format tags of checkpoints still read besides today's
 
 
 def experiment_file(data: dict, where: str) -> dict:
@@ -50,10 +65,19 @@ def override(item: str) -> list[str]:
     return old_reward_override(old_optimizer_override(item))
 
 
+def saved_experiment(data, where: str):
+    """The experiment a run saved (its ``config.json``) in today's form: the flat form
+    converted, moved keys read in their places (what is no mapping as it is: the schema
+    refuses it)."""
+    return read_old_keys(new_form(data), where) if isinstance(data, dict) else data
+
+
 def checkpoint(payload: dict) -> dict:
     """A checkpoint payload (read and verified) in today's form: a first-format one converted,
     its experiment's moved keys in their places, its decoder identity with the settings added
     since, its table labels."""
+    from trainer.objectives import table_labels_of  # torch: here, not at the top
+
     if payload.get("format") == FIRST_FORMAT:
         payload = first_format_checkpoint(payload)
     payload["identity"] = with_new_decoder_settings(payload["identity"])
@@ -86,6 +110,8 @@ def new_form(data: dict) -> dict:
     train: dict = section if isinstance(section, dict) else {}
     moved = {new: train.pop(old) for old, new in OLD_TRAIN_KEYS.items() if old in train}
     if moved:
+        from trainer.objectives import OBJECTIVES  # torch: here, not at the top
+
         name = moved.pop("name", "xe")
         known = {f.name for f in dataclasses.fields(OBJECTIVES.get(name).Config)}
         if "reward" in known and "cider_cache" in moved:  # in its place
@@ -245,6 +271,16 @@ def read_old_keys(data: dict, where: str) -> dict:
 
 # ------------------------------------------------------------------------- checkpoints
 
+def old_checkpoint_fields(payload: dict) -> list[tuple[str, type, bool]] | None:
+    """The fields a checkpoint of an older format holds where today's form has others, as
+    trainer/checkpoint.py's check_form checks them (``field``, its type, whether required):
+    the first format's decoder a name beside its ``decoder_config``. None: today's format."""
+    if payload.get("format") != FIRST_FORMAT:
+        return None
+    return [("identity.decoder", str, True), ("identity.decoder_config", dict, True),
+            ("experiment.decoder_config", dict, False)]
+
+
 def first_format_checkpoint(payload: dict) -> dict:
     """A first-format checkpoint in today's form: the experiment's components, the identity's
     decoder as one mapping, no objective state (no objective owned any then)."""
@@ -277,6 +313,8 @@ def with_new_decoder_settings(saved: dict) -> dict:
     ``att_activation: tanh``), so that is what the saved run had: without this, its identity
     would differ from the one its own experiment now reads as, and every command would refuse
     it (``decoder.att_activation: the checkpoint has None, this run has 'tanh'``)."""
+    from trainer.decoders import DECODERS  # torch: here, not at the top
+
     decoder = saved["decoder"]
     if decoder.get("name") not in DECODERS:
         return saved  # check_contents names the unknown decoder
@@ -284,3 +322,79 @@ def with_new_decoder_settings(saved: dict) -> dict:
                 if f.default is not dataclasses.MISSING}
     return {**saved, "decoder": {**decoder, **{k: v for k, v in defaults.items()
                                                if k not in decoder}}}
+
+
+# ------------------------------------------------------------------------- run folders
+
+OLDER_EVALUATION = "eval"  # <run>/eval/: where `capstack evaluate RUN` wrote by default before
+
+
+def older_evaluations(folder: Path) -> list[Path]:
+    """The metrics files an evaluation of the run in ``folder`` left where evaluate wrote them
+    before it wrote ``evals/NAME/``."""
+    return [folder / OLDER_EVALUATION / "metrics.json"]
+
+
+def older_run(folder: Path, planned: int | None, notes: list[str]) -> dict:
+    """A run trained before runs kept ``state.json``, as ``capstack runs`` shows a run (the
+    fields of trainer/runs.py's RunRow it can say; what is damaged appended to ``notes``): its
+    ``summary.json`` (written when it finished; those capstacks counted its ``best_epoch``
+    from 0, -1 the start, where ``summary.json`` now counts as ``state.json`` does) or the
+    validations of its ``metrics.jsonl``. ``planned``: the epochs its config asks."""
+    summary_path = folder / "summary.json"
+    if summary_path.exists():
+        summary = read_json_for(summary_path, notes, "run summary")
+        if summary is not None:
+            row: dict = {"epochs_done": pick(summary, "epochs", int, summary_path, notes)}
+            if summary.get("best_cider") is not None:
+                row["best_cider"] = finite_score(summary, "best_cider", summary_path, notes)
+                best_epoch = epoch_number(summary, "best_epoch", -1, summary_path, notes)
+                row["best_epoch"] = None if best_epoch is None else best_epoch + 1
+            done = row["epochs_done"]
+            row["state"] = "finished" if done is not None and (planned is None or
+                                                               done >= planned) else "stopped"
+            return row
+    if not (folder / "metrics.jsonl").exists():
+        return {}  # no training to read: what is there (a config) said what it could
+    vals = validations(folder / "metrics.jsonl", notes)
+    row = {"epochs_done": len({epoch for epoch, _ in vals if epoch >= 0})}
+    scored = [(cider, -epoch) for epoch, cider in vals if math.isfinite(cider)]
+    if scored:  # a NaN validation is never the best; of equal scores the first
+        cider, epoch = max(scored)
+        row["best_cider"], row["best_epoch"] = cider, 1 - epoch
+    row["state"] = "stopped"
+    notes.append("no end state recorded (trained by a capstack that kept none)")
+    return row
+
+
+def validations(path: Path, notes: list[str]) -> list[tuple[int, float]]:
+    """(epoch, CIDEr) of each validation in a training log, its epochs counted from 0 (-1 the
+    start); a bad line is noted, not fatal."""
+    try:
+        lines = read_text(path, "a training log").splitlines()
+    except FileNotFoundError:
+        return []
+    except CapstackError as error:  # not a regular file: never read
+        notes.append(str(error))
+        return []
+    except (OSError, UnicodeDecodeError) as error:
+        notes.append(f"{path}: cannot read ({error})")
+        return []
+    found = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict):
+            notes.append(f"{path}: line {number} is not a log entry")
+            break
+        if entry.get("kind") != "val":
+            continue
+        epoch, cider = entry.get("epoch"), entry.get("cider")
+        if not is_int(epoch) or epoch < -1 or not is_number(cider):
+            notes.append(f"{path}: line {number}: a validation of epoch {epoch!r} scored "
+                         f"{cider!r} (expected an epoch from -1 and a number)")
+            break
+        found.append((epoch, float(cider)))
+    return found

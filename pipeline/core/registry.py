@@ -58,3 +58,13 @@ def import_modules(package: str, path: Iterable[str]) -> None:
     what it defines, so a new file needs no line elsewhere."""
     for module in pkgutil.iter_modules(path):
         importlib.import_module(f"{package}.{module.name}")
+
+
+def names_at(source: str) -> tuple[str, ...]:
+    """The names ``source`` (``"module:NAME"``) keeps in one place: a list, a dict, a registry,
+    or a function returning one (a command's choices: pipeline/commandline.py's NamesOf). Its
+    module is imported by that name, here as in :func:`import_modules`, the one file that
+    does so."""
+    module, _, name = source.partition(":")
+    names = getattr(importlib.import_module(module), name)
+    return tuple(names() if callable(names) else names)

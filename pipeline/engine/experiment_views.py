@@ -1,8 +1,8 @@
 """What ``capstack exp list|show|diff`` print: each experiment's settings against the
-baseline's, the state of its own stages, and the metrics its own evaluations wrote.
-
-An evaluation is any out folder of a stage holding ``metrics.json`` (what ``capstack evaluate``
-writes): its ``metrics`` are read, nothing else, so the views know no metric or objective.
+baseline's, the state of its own stages, and the numbers its own stages wrote in the metrics
+files they declare (a stage's ``metrics:``: stagedecl.MetricsFile). Only those files are read,
+and only the values they name (every top-level number where they name none), so the views
+know no metric, no objective and no command.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.core.regular import NotRegular, read_text
 from pipeline.core.runlock import holder_now
 from pipeline.engine.experiments import Experiment, ExperimentPipeline, run_lock
+from pipeline.engine.stagedecl import MetricsFile, column_of
 from pipeline.engine.stages import NEVER_RUN, UP_TO_DATE, Pipeline
 
-SHOWN_METRICS = ("BLEU-4", "METEOR", "ROUGE-L", "CIDEr")  # exp show's and exp diff's metrics
 BASELINE = "baseline"
 RUNNING = "running"
 
@@ -47,31 +47,80 @@ def own_state(pipeline: ExperimentPipeline) -> str:
     return ", ".join(f"{n} {state}" for state, n in counts.items()) or "no stage of its own"
 
 
-def evaluations(pipeline: Pipeline, stages: frozenset[str] | None = None) -> dict[str, dict]:
-    """``stage name -> metrics`` for each stage (of ``stages``, default all) with an out folder
-    holding a readable metrics.json."""
+class Number(NamedTuple):
+    """A value of a metrics file as a view shows it: times 100 where its entry says percent."""
+
+    value: float
+    percent: bool = False
+
+    def __str__(self) -> str:
+        if self.percent:
+            return f"{100 * self.value:.1f}"
+        return str(self.value) if isinstance(self.value, int) else f"{self.value:.4g}"
+
+
+def evaluations(pipeline: Pipeline, stages: frozenset[str] | None = None
+                ) -> dict[str, dict[str, Number]]:
+    """``stage name -> column -> number`` for each stage (of ``stages``, default all) that
+    declares metrics files and has one readable."""
     found = {}
     for name in pipeline.file.order:
         if stages is not None and name not in stages:
             continue
-        for out in pipeline.file.stages[name].outs:
-            metrics = read_metrics(pipeline.workdir / out / "metrics.json")
-            if metrics is not None:
-                found[name] = metrics
+        numbers: dict[str, Number] = {}
+        for metrics in pipeline.file.stages[name].metrics:
+            numbers.update(read_numbers(pipeline.workdir / metrics.path, metrics) or {})
+        if numbers:
+            found[name] = numbers
     return found
 
 
-def read_metrics(path: Path) -> dict | None:
+def read_numbers(path: Path, metrics: MetricsFile) -> dict[str, Number] | None:
+    """The numbers of a metrics file (a JSON mapping) that its entry shows, by column; None
+    when it cannot be read (not written yet, or damaged)."""
     try:
-        doc = json.loads(read_text(path, "an evaluation's metrics"))
+        doc = json.loads(read_text(path, "a metrics file"))
     except (OSError, ValueError, NotRegular):
         return None
-    metrics = doc.get("metrics") if isinstance(doc, dict) else None
-    return metrics if isinstance(metrics, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    keys = metrics.show or [k for k in doc if _is_number(doc[k])]
+    found = {}
+    for key in keys:
+        value = _value_at(doc, key)
+        if _is_number(value):
+            found[column_of(key) if metrics.show else key] = Number(value, metrics.percent)
+    return found
 
 
-def percent(value: Any) -> str:
-    return f"{100 * value:.1f}" if isinstance(value, (int, float)) else "-"
+def _value_at(doc: Any, key: str) -> Any:
+    """``doc[key]``, a dot going into a mapping (``metrics.CIDEr``) where no key holds it."""
+    if not isinstance(doc, dict):
+        return None
+    if key in doc:
+        return doc[key]
+    head, dot, rest = key.partition(".")
+    while dot:
+        if head in doc:
+            return _value_at(doc[head], rest)
+        more, dot, rest = rest.partition(".")
+        head = f"{head}.{more}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def shown(number: Number | None) -> str:
+    return "-" if number is None else str(number)
+
+
+def declared_columns(pipeline: Pipeline, stage: str) -> list[str]:
+    """The columns a stage's metrics entries name (none for an entry that shows every
+    number: its columns are those its file holds)."""
+    return [column_of(key) for metrics in pipeline.file.stages[stage].metrics
+            for key in metrics.show]
 
 
 def settings_text(params: dict[str, Any]) -> str:
@@ -114,30 +163,33 @@ def jobs_text(folder: Path) -> str:
 
 
 def show(baseline: Pipeline, pipelines: list[ExperimentPipeline]) -> list[list[str]]:
-    """``exp show``: one row per evaluation an experiment has of its own, after the baseline's
-    row for the same stage: the value of each param an experiment sets (a column each), as
-    each has it, the stage's state, its metrics in percent. A group's seeds follow it."""
+    """``exp show``: one row per stage declaring metrics that an experiment has of its own
+    (run, or running), after the baseline's row for the same stage: the value of each param an
+    experiment sets (a column each), as each has it, the stage's state, and the numbers of its
+    metrics files (a column each). A group's seeds follow it."""
     pipelines = sorted(pipelines, key=lambda p: (p.experiment.group,
                                                  p.experiment.name != p.experiment.group,
                                                  p.experiment.name))
     keys = list(dict.fromkeys(k for p in pipelines for k in p.experiment.params))
     roots = list(dict.fromkeys(r for p in pipelines for r in p.experiment.roots))
-    rows = [["experiment", "evaluation", *keys, "state", *SHOWN_METRICS]]
+    found = []  # (experiment, stage, its settings' values, state, numbers) a row each
     baseline_states, baseline_metrics = states_now(baseline), evaluations(baseline)
     seen = [(p, states_now(p), evaluations(p, p.own)) for p in pipelines]
     for stage in baseline.file.order:
-        shown = [(p, states, own) for p, states, own in seen
-                 if stage in p.own and (stage in own or _is_evaluation(p, stage)
-                                        and states[stage] != NEVER_RUN)]
-        if shown:
-            rows.append([BASELINE, stage, *effective_values(baseline, stage, keys, roots),
-                         baseline_states[stage],
-                         *(percent(baseline_metrics.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
-        for p, states, own in shown:
-            rows.append([p.experiment.name, stage, *effective_values(p, stage, keys, roots),
-                         states[stage],
-                         *(percent(own.get(stage, {}).get(m)) for m in SHOWN_METRICS)])
-    return rows
+        rows = [(p, states, own) for p, states, own in seen
+                if stage in p.own and baseline.file.stages[stage].metrics
+                and (stage in own or states[stage] != NEVER_RUN)]
+        if rows:
+            found.append((BASELINE, stage, effective_values(baseline, stage, keys, roots),
+                          baseline_states[stage], baseline_metrics.get(stage, {})))
+        found += [(p.experiment.name, stage, effective_values(p, stage, keys, roots),
+                   states[stage], own.get(stage, {})) for p, states, own in rows]
+    columns = list(dict.fromkeys([*(c for _, stage, *_ in found
+                                    for c in declared_columns(baseline, stage)),
+                                  *(c for *_, numbers in found for c in numbers)]))
+    return [["experiment", "evaluation", *keys, "state", *columns],
+            *([name, stage, *values, state, *(shown(numbers.get(c)) for c in columns)]
+              for name, stage, values, state, numbers in found)]
 
 
 def effective_values(pipeline: Pipeline, stage: str, keys: list[str], roots: list[str]
@@ -150,16 +202,11 @@ def effective_values(pipeline: Pipeline, stage: str, keys: list[str], roots: lis
                   if r in upstream and k in stages[r].params), "") for k in keys]
 
 
-def _is_evaluation(pipeline: Pipeline, stage: str) -> bool:
-    """A stage that runs ``capstack evaluate`` (its metrics may not be written yet)."""
-    return pipeline.file.stages[stage].command == "evaluate"
-
-
 def diff(baseline: Pipeline, a: ExperimentPipeline, b: ExperimentPipeline | None
          ) -> list[list[str]]:
     """``exp diff A [B]``: each param set differently (B: the baseline when not given), then
-    each evaluation both have, metric by metric; a value of an evaluation that is not up to
-    date says its state (``41.0 (stale)``): its metrics are of other settings, or other
+    each number of the metrics files both have that differs; a value of a stage that is not up
+    to date says its state (``41.0 (stale)``): its metrics are of other settings, or other
     code."""
     name_b = b.experiment.name if b else BASELINE
     rows = [["", a.experiment.name, name_b]]
@@ -174,14 +221,14 @@ def diff(baseline: Pipeline, a: ExperimentPipeline, b: ExperimentPipeline | None
     metrics_a, metrics_b = evaluations(a), evaluations(side_b)
     states_a, states_b = states_now(a), states_now(side_b)
     for stage in [s for s in metrics_a if s in metrics_b]:
-        for m in SHOWN_METRICS:
-            va, vb = metrics_a[stage].get(m), metrics_b[stage].get(m)
-            if va is not None and vb is not None and va != vb:
+        for m in metrics_a[stage]:
+            va, vb = metrics_a[stage][m], metrics_b[stage].get(m)
+            if vb is not None and va.value != vb.value:
                 rows.append([f"{stage} {m}", _as_of(va, states_a[stage]),
                              _as_of(vb, states_b[stage])])
     return rows
 
 
-def _as_of(value: Any, state: str) -> str:
-    """A metric in percent, with its evaluation's state when it is not up to date."""
-    return percent(value) if state == UP_TO_DATE else f"{percent(value)} ({state})"
+def _as_of(number: Number, state: str) -> str:
+    """A number, with its stage's state when it is not up to date."""
+    return str(number) if state == UP_TO_DATE else f"{number} ({state})"

@@ -53,6 +53,7 @@ from pipeline.core.runlock import (exclusive_beside, exclusive_run, lock_beside,
                                    waiting_lock)
 from pipeline.engine.codeversion import (CODE_RULE, code_digest, code_distributions, code_files,
                                          distribution_versions, project_root)
+from pipeline.engine.interpolation import with_given
 from pipeline.engine.keeper import run_kept
 from pipeline.engine.stagefile import Stage, StagesFile
 
@@ -279,13 +280,13 @@ class Pipeline:
                 reasons.append(f"{kind} {p} points to {target}, which is gone")
         return reasons
 
-    def _records(self) -> dict:
+    def records(self) -> dict:
         """The record of each stage's last run (the lock file's entries), by stage name."""
         return self._read_lock()
 
     def statuses(self) -> dict[str, StageStatus]:
         """Every stage's status, in run order; a stage behind a stale one is stale too."""
-        records = self._records()
+        records = self.records()
         result: dict[str, StageStatus] = {}
         for name in self.file.order:
             st = self.own_status(self.file.stage(name), records.get(name))
@@ -328,8 +329,8 @@ class Pipeline:
                     f"run `{self.run_hint(u)}` first, or add --with-deps"
                 )
             upstream = behind
-        ran = [u for u in upstream if self._run_one(self.file.stage(u), False, report)]
-        if self._run_one(stage, force, report):
+        ran = [u for u in upstream if self.run_stage(self.file.stage(u), False, report)]
+        if self.run_stage(stage, force, report):
             ran.append(name)
         return ran
 
@@ -352,12 +353,14 @@ class Pipeline:
 
     def run_all(self, report: Callable[[str], None] = lambda m: None) -> list[str]:
         """Every stage in order, each skipped when up to date."""
-        return [n for n in self.file.order if self._run_one(self.file.stage(n), False, report)]
+        return [n for n in self.file.order if self.run_stage(self.file.stage(n), False, report)]
 
-    def _run_one(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
+    def run_stage(self, stage: Stage, force: bool, report: Callable[[str], None]) -> bool:
         """Run ``stage`` when it is not up to date (or ``force``), from a clean start: its
         outs are set aside first (:meth:`_set_aside_outs`), unless they are what a run of this
-        very stage left when it was interrupted (:meth:`_resumes`), which its command resumes."""
+        very stage left when it was interrupted (:meth:`_resumes`), which its command resumes.
+        Its cmd gets the names the engine gives (:meth:`builtins`)."""
+        stage = with_given(stage, self.builtins())
         holder = self.run_lock(stage.name)
         with exclusive_run(holder, f"stage '{stage.name}' of {self.file.path}") as lock:
             status = self.own_status(stage)
@@ -507,8 +510,7 @@ class Pipeline:
         deps = self._digests(self._deps(stage))
         missing = self._missing_deps(stage, deps)
         code = self._code_digest(stage)
-        env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}",
-               **self._stage_environment()}
+        env = {**os.environ, "CAPSTACK_STAGE": f"{self.file.path.resolve()}:{stage.name}"}
         if stage.command:
             argv = capstack_command(stage.argv)
             executable = argv[0]
@@ -550,10 +552,10 @@ class Pipeline:
             "duration_s": round(time.time() - started, 3),
         })
 
-    def _stage_environment(self) -> dict[str, str]:
-        """Variables a stage's command gets beside the engine's own: the experiment it runs in
-        (``CAPSTACK_EXPERIMENT``, which evaluate records; empty for the baseline's stages)."""
-        return {"CAPSTACK_EXPERIMENT": ""}
+    def builtins(self) -> dict[str, str]:
+        """What the names the engine gives a stage's cmd (stagedecl.BUILTINS) are here:
+        ``${experiment}``, the experiment a stage runs in, "" for the baseline's."""
+        return {"experiment": ""}
 
     def _find_program(self, stage: Stage, env: Mapping[str, str]) -> str:
         """The absolute path of the program a stage starts: a path (one with a ``/``) from the

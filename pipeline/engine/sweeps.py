@@ -149,7 +149,7 @@ class Sweep:
         """The shared stages, in order, in this process."""
         for shared in self.shared:
             with running_in(shared.experiment):
-                shared.owner._run_one(shared.owner.file.stage(shared.stage), False, report)
+                shared.owner.run_stage(shared.owner.file.stage(shared.stage), False, report)
 
 
 def plan(root: Pipeline, stage: str, assignments: Iterable[str], name: str | None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -53,14 +52,16 @@ EVAL_BATCH = 50
 N_BEST = "n_best"  # metrics.json's diversity.n_best: the figures over every caption (n > 1)
 
 
-def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str) -> dict:
+def setting_of(config: ExperimentConfig, s: EvalConfig, checkpoint: str,
+               experiment: str = "") -> dict:
     """What made this row, for the report to tell rows apart (it shows those that vary): the
     run, its decoder, objective and reward, the features (their files' names), the seed, and
-    the decoding and scoring settings; the named experiment whose stage ran it
-    (``CAPSTACK_EXPERIMENT``, set by the stage engine; empty for the baseline's); ``recipe``,
-    the digest of :func:`recipe_of` (rows merge over seeds only when it is the same)."""
+    the decoding and scoring settings; ``experiment``, the named experiment whose row it is
+    (``capstack evaluate --experiment``, which a stages file passes the engine's
+    ``${experiment}``; empty for the baseline's); ``recipe``, the digest of :func:`recipe_of`
+    (rows merge over seeds only when it is the same)."""
     reward = getattr(config.objective.config, "reward", None)
-    return {"experiment": os.environ.get("CAPSTACK_EXPERIMENT", ""),
+    return {"experiment": experiment,
             "run": str(Path(checkpoint).parent), "decoder": config.decoder.name,
             "objective": config.objective.name, "reward": getattr(reward, "name", ""),
             "features": "+".join(Path(f).stem for f in config.data.features),
@@ -95,8 +96,11 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
                         split: str | None = None, beam_size: int | None = None,
                         max_len: int | None = None, figures: int | None = None,
                         max_refs: int | None = None, device: str = "auto", spice: bool = True,
-                        decoding: DecodingConfig | Mapping[str, Any] | None = None) -> dict:
+                        decoding: DecodingConfig | Mapping[str, Any] | None = None,
+                        experiment: str = "") -> dict:
     """Beam search on a split, scored; settings from the experiment's ``eval:`` unless given.
+    ``experiment``: the named experiment whose row this is, recorded in the setting ("": the
+    baseline's; :func:`setting_of`).
     ``decoding`` lays decoding options over the experiment's (trainer/decoding/options.py):
     a mapping such as ``{"search": "diverse", "group_size": 2}``, or a whole
     :class:`DecodingConfig`. ``checkpoint`` as a list (or tuple), even of one: the runs'
@@ -127,7 +131,7 @@ def evaluate_checkpoint(checkpoint: str | Path | Sequence[str | Path], out_dir: 
     if s.n > 1:
         scores["diversity"] = {**scores.get("diversity", {}),
                                N_BEST: n_best_diversity(every_caption)}
-    row = row_of(loaded, s)
+    row = row_of(loaded, s, experiment)
     what = {key: row.pop(key) for key in ("checkpoint", "epoch", "setting")}
     metrics = {**row, **scores, **dataclasses.asdict(s), **what}
     with evaluation_folder_written(Path(out_dir)) as folder:
@@ -220,7 +224,7 @@ def evaluation_folder_written(out_dir: Path):
         yield folder
 
 
-def row_of(loaded, s: EvalConfig) -> dict:
+def row_of(loaded, s: EvalConfig, experiment: str = "") -> dict:
     """metrics.json's account of what was evaluated: the approach, objective, training labels,
     recipe (:func:`recipe_of`), checkpoint, epoch and :func:`setting_of`. An ensemble's
     approach is ``ensemble: NAMES``, its recipes, checkpoints and epochs are lists, and its
@@ -228,7 +232,7 @@ def row_of(loaded, s: EvalConfig) -> dict:
     ``+`` and counts them under ``ensemble``."""
 
     members = loaded.members
-    settings = [setting_of(m.config, s, m.checkpoint["path"]) for m in members]
+    settings = [setting_of(m.config, s, m.checkpoint["path"], experiment) for m in members]
     first = members[0]
     if not loaded.ensemble:
         return {"approach": first.config.name, "objective": first.config.objective.name,

@@ -16,6 +16,7 @@ from pipeline.core.atomic import atomic_file, unused_sibling
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import read_json
 from pipeline.core.regular import read_bytes
+from trainer import upgrade
 from trainer.checkpoint import check_identity, load_checkpoint
 from trainer.config import ExperimentConfig, experiment_from_dict
 from trainer.training.build import Parts
@@ -42,7 +43,7 @@ def load_start(parts: Parts, path: str) -> None:
 def start_optimiser(parts: Parts, ckpt: dict, path: Path) -> None:
     """The start checkpoint's optimiser state (``train.init_optimizer``): its moments and step
     counts, with this run's lr and other settings; the same optimiser only."""
-    saved = ckpt["experiment"].get("train", {}).get("optimizer", {}).get("name", "adam")
+    saved = experiment_from_dict(ckpt["experiment"], str(path)).train.optimizer.name
     wanted = parts.config.train.optimizer.name
     if saved != wanted:
         raise CapstackError(f"train.init_optimizer: {path} was trained with optimizer {saved}, "
@@ -93,7 +94,8 @@ def check_left_behind(parts: Parts) -> None:
         check_recipe(parts.config, ckpt["experiment"], best)
         check_start(ckpt["start"], parts.start, best)
     elif config.is_file():
-        check_recipe(parts.config, read_json(config, "run config"), config)
+        check_recipe(parts.config, upgrade.saved_experiment(read_json(config, "run config"),
+                                                            str(config)), config)
 
 
 def check_start(started: dict | None, start: dict | None, path: Path) -> None:

@@ -159,6 +159,31 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+class Devices:
+    """``--devices``' GPUs handed out round robin: a run started gets the one running the
+    fewest of the sweep's runs (None without --devices: the GPUs as the environment has
+    them), and gives it back when it ends."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.load = dict.fromkeys(devices, 0)
+
+    def take(self) -> str | None:
+        if not self.load:
+            return None
+        device = min(self.load, key=self.load.__getitem__)
+        self.load[device] += 1
+        return device
+
+    def give_back(self, device: str | None) -> None:
+        if device is not None:
+            self.load[device] -= 1
+
+
+def device_env(device: str | None) -> dict[str, str]:
+    """The variable that gives a run's processes its GPU (none when ``device`` is None)."""
+    return {"CUDA_VISIBLE_DEVICES": device} if device is not None else {}
+
+
 def thread_env(jobs: int) -> tuple[dict[str, str], str]:
     """The variables that give each of ``jobs`` processes its share of the cores (at least
     one thread each), and the sentence that says so; a thread count the environment sets

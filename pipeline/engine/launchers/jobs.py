@@ -16,7 +16,8 @@ import time
 from collections import deque
 from typing import Callable
 
-from pipeline.engine.launchers import LAUNCHERS, Launcher, LaunchOptions, thread_env
+from pipeline.engine.launchers import (LAUNCHERS, Devices, Launcher, LaunchOptions, device_env,
+                                       thread_env)
 from pipeline.engine.sweeps import (ExperimentJob, Outcome, Run, Sweep, ended, last_error, stop,
                                     typed, with_states)
 
@@ -50,26 +51,21 @@ class Jobs(Launcher):
             sweep.run_shared_here(report)
         pending = deque(todo)
         running: dict[subprocess.Popen, tuple[Run, ExperimentJob, float]] = {}
-        load = dict.fromkeys(options.devices, 0)
+        devices = Devices(options.devices)
         try:
             while pending or running:
                 while pending and len(running) < n:
                     run = pending.popleft()
-                    device = min(load, key=lambda d: load[d]) if load else None
-                    job = sweep.job(run, {**env, **({"CUDA_VISIBLE_DEVICES": device}
-                                                     if device is not None else {})})
+                    device = devices.take()
+                    job = sweep.job(run, {**env, **device_env(device)})
                     child = job.start(job.commands[0])
                     running[child] = (run, job, time.monotonic())
-                    if device is not None:
-                        load[device] += 1
                     on = f" on GPU {device}" if device is not None else ""
                     report(f"[{run.label}] started{on}: log {typed(job.log)}")
                 time.sleep(POLL)
                 for child in [c for c in running if c.poll() is not None]:
                     run, job, started = running.pop(child)
-                    device = dict(job.env).get("CUDA_VISIBLE_DEVICES")
-                    if device is not None:
-                        load[device] -= 1
+                    devices.give_back(dict(job.env).get("CUDA_VISIBLE_DEVICES"))
                     took = _duration(time.monotonic() - started)
                     if child.returncode == 0:
                         outcome.done.append(run.label)

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any, Callable, Mapping
 
 from pipeline.core.errors import CapstackError
-from pipeline.engine.launchers import LAUNCHERS, LaunchOptions, thread_env
+from pipeline.engine.launchers import LAUNCHERS, Devices, LaunchOptions, device_env, thread_env
 from pipeline.engine.launchers.slurm import Submitit, submitit_module
 from pipeline.engine.sweeps import Outcome, Run, Sweep, last_error, typed, wait_unlocked
 
@@ -70,24 +70,21 @@ class Local(Submitit):
         n = options.jobs or 1
         pending = deque(todo)
         running: dict[str, tuple[Run, Any, str | None]] = {}
-        load = dict.fromkeys(options.devices, 0)
+        devices = Devices(options.devices)
         try:
             while pending or running:
                 while pending and len(running) < n:
                     run = pending.popleft()
-                    device = min(load, key=lambda d: load[d]) if load else None
-                    env = {"CUDA_VISIBLE_DEVICES": device} if device is not None else {}
-                    job = self.submit(sweep, run, executor, options, None, env, report)
+                    device = devices.take()
+                    job = self.submit(sweep, run, executor, options, None, device_env(device),
+                                      report)
                     running[run.label] = (run, job, device)
-                    if device is not None:
-                        load[device] += 1
                 time.sleep(POLL)
                 for label, (run, job, device) in list(running.items()):
                     if not job.done():
                         continue
                     del running[label]
-                    if device is not None:
-                        load[device] -= 1
+                    devices.give_back(device)
                     state = self.result_state(submitit_module(), {
                         "folder": str(job.paths.folder), "job_id": job.job_id})
                     if state == "COMPLETED":
@@ -110,16 +107,8 @@ class Local(Submitit):
             report(outcome.rerun())
             raise
 
-    def job_state(self, record: Mapping[str, Any]) -> str:
-        """COMPLETED or FAILED once the job wrote its result; RUNNING while its process (the
-        job's id) lives; else STOPPED."""
-        try:
-            submitit = submitit_module()
-        except CapstackError:
-            return "unknown (submitit is not installed)"
-        ended = self.result_state(submitit, record)
-        if ended:
-            return ended
+    def unended_state(self, submitit: Any, record: Mapping[str, Any]) -> str:
+        """RUNNING while its process (the job's id) lives; else STOPPED."""
         try:
             os.kill(int(record["job_id"]), 0)
         except (ProcessLookupError, ValueError):

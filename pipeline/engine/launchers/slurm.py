@@ -180,15 +180,16 @@ class Submitit(Launcher):
         return None
 
     def job_state(self, record: Mapping[str, Any]) -> str:
-        """COMPLETED or FAILED once the job wrote its result, else what the cluster says
-        (``sacct``: PENDING, RUNNING, ...)."""
+        """COMPLETED or FAILED once the job wrote its result, else :meth:`unended_state`."""
         try:
             submitit = submitit_module()
         except CapstackError:
             return "unknown (submitit is not installed)"
-        ended = self.result_state(submitit, record)
-        if ended:
-            return ended
+        return self.result_state(submitit, record) or self.unended_state(submitit, record)
+
+    def unended_state(self, submitit: Any, record: Mapping[str, Any]) -> str:
+        """The state of a job that has written no result: what the cluster says (``sacct``:
+        PENDING, RUNNING, ...)."""
         job = submitit.SlurmJob(folder=Path(record["folder"]).parent / "%j",
                                 job_id=str(record["job_id"]))
         return str(job.state)

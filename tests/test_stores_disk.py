@@ -1,26 +1,71 @@
-"""HDF5 on a full disk: one line and a store the next run resumes, never a segmentation fault.
-
-Real filesystems (a small tmpfs, skipped where none can be mounted) and real processes: HDF5
-meeting a full disk used to end the process with status 139, so every write that may meet one
-runs in a child process.
-"""
+"""Feature stores on a full or read-only disk (a small tmpfs, where one can be mounted): the
+store is named, its committed records kept and the rerun resumes; every writing command names
+a read-only output; a partial store too damaged to resume is started again; a complete store
+on a read-only root is reused."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from pipeline.demo.shapes import write_shapes_dataset
 from pipeline.features.stores import create_writer, open_store
-from process_helpers import run_capstack
-from test_hardening import remount, small_disk  # noqa: F401 - the fixture, used by name
+from process_helpers import capstack, remount, run_capstack
 from trainer_fixtures import test_meta as store_meta
+from trainer_fixtures import write_experiment
+
+SHAPES = dict(n_train=40, n_val=4, n_test=4, seed=0)  # conftest's shapes
+
+
+def test_a_full_disk_names_the_store_keeps_its_records_and_the_rerun_resumes(data, tmp_path,
+                                                                             small_disk):
+    from process_helpers import committed_records
+
+    root, _, _, _ = data
+    disk = small_disk("disk", "160k")
+    args = ("extract-grid", root / "shapes" / "dataset_shapes.json", root / "shapes",
+            "--backbone", "resnet18", "--weights", "random", "--image-size", "64", "--grid", "4",
+            "--dtype", "float16", "--workers", "0", "--batch", "2", "--features-root", disk)
+    full = capstack(*args, cwd=tmp_path)
+    assert full.returncode == 1, full.stderr
+    partial = next(disk.glob("grid-*.lmdb.partial"))
+    assert f"{partial}: cannot write it (" in full.stderr and "records committed before " \
+        "are kept" in full.stderr, full.stderr
+    kept = committed_records(partial)
+    assert 0 < kept < 20
+    remount(disk, "size=20m")
+    again = capstack(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {kept} " in again.stdout + again.stderr
+    assert len(open_store(next(disk.glob("grid-*.lmdb")))) == 20
+
+
+def test_every_writing_command_names_a_read_only_output(data, tmp_path, small_disk):
+    root, prepared, grid, _ = data
+    disk = small_disk("disk", "1m")
+    remount(disk, "ro")
+    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
+                           features=[grid], epochs=1)
+    dataset = root / "shapes" / "dataset_shapes.json"
+    for args, named in [
+            (["shapes", disk / "shapes", "--train", "2", "--val", "1", "--test", "1"],
+             disk / "shapes"),
+            (["prepare", dataset, disk / "prepared"], disk / "prepared"),
+            (["extract-grid", dataset, root / "shapes", "--backbone", "resnet18", "--weights",
+              "random", "--image-size", "64", "--features-root", disk], disk),
+            (["train", exp, "--out", disk / "run"], disk / "run"),
+            (["export-features", grid, "rtl-npz", disk / "x"], disk)]:
+        result = capstack(*args, cwd=tmp_path)
+        assert result.returncode == 1, (args, result.stderr)
+        assert "Read-only file system" in result.stderr and "Traceback" not in result.stderr
+        assert f"{named}" in result.stderr.splitlines()[-1], (args, result.stderr)
+
 
 ROOT = Path(__file__).resolve().parents[1]
+
 
 # Writes records of 16 x 512 floats (image k's all k) into an HDF5 store until the disk
 # refuses, with the room check before each commit switched off: the disk fills between the
@@ -65,17 +110,10 @@ def _record(k: int):
     return Record(np.full((16, 512), k, np.float32), 64, 64)
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("disk")
-    write_shapes_dataset(root / "shapes", n_train=40, n_val=4, n_test=4, seed=0, size=64)
-    return root / "shapes"
-
-
 def test_extraction_into_hdf5_on_a_full_disk_says_so_and_the_rerun_resumes(shapes, tmp_path,
                                                                            small_disk):
     disk = small_disk("disk", "6m")
-    args = ("extract-grid", shapes / "dataset_shapes.json", shapes, "--backbone", "resnet18",
+    args = ("extract-grid", shapes[1], shapes[0], "--backbone", "resnet18",
             "--weights", "random", "--image-size", "64", "--grid", "4", "--workers", "0",
             "--batch", "2", "--features-root", disk, "--format", "hdf5")
     full = run_capstack(*args, cwd=tmp_path, timeout=300)
@@ -92,18 +130,6 @@ def test_extraction_into_hdf5_on_a_full_disk_says_so_and_the_rerun_resumes(shape
     assert "resuming: " in again.stdout + again.stderr
     assert len(open_store(next(disk.glob("grid-*.h5")))) == 48
     assert not list(disk.glob("*.reserve"))
-
-
-def test_prepare_on_a_full_disk_says_so_in_one_line(tmp_path, small_disk):
-    disk = small_disk("disk", "100k")
-    write_shapes_dataset(tmp_path / "big", n_train=2000, n_val=10, n_test=10, seed=0, size=32)
-    result = run_capstack("prepare", tmp_path / "big" / "dataset_shapes.json", disk / "prep",
-                          "--min-count", "1", cwd=tmp_path, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr.splitlines()[-1] == (
-        f"Error: {disk / 'prep'}: cannot write it (No space left on device); nothing written "
-        f"before was changed: make room or choose another place, then run again")
-    assert not list(disk.iterdir())
 
 
 def test_hdf5_meeting_a_full_disk_anyway_closes_the_store_at_its_last_commit(tmp_path,
@@ -138,3 +164,20 @@ def test_a_partial_store_too_damaged_to_resume_is_started_again(tmp_path, caplog
     assert f"{writer.partial}: damaged (Can't synchronously read data (addr overflow" in \
         caplog.text and "starting it again" in caplog.text
     assert len(open_store(store)) == 1
+
+
+def test_a_complete_store_on_a_read_only_root_is_reused(data, tmp_path, small_disk):
+    dataset = data.dataset
+    disk = small_disk("features", "20m")
+    args = ("extract-grid", dataset, dataset.parent, "--backbone", "resnet18", "--weights",
+            "random", "--image-size", "64", "--grid", "2", "--workers", "0", "--features-root",
+            disk, "--pointer")
+    assert run_capstack(*args, "first.json", cwd=tmp_path).returncode == 0
+    remount(disk, "ro")
+    reused = run_capstack(*args, "grid.json", cwd=tmp_path)  # another user: recorded, once
+    assert reused.returncode == 0, reused.stderr  # was: users.json: cannot write it ...
+    store = next(disk.glob("grid-*.lmdb"))
+    assert f"reusing store {store}" in reused.stdout
+    assert f"{store}.users.json: this use of the store goes unrecorded (Read-only file " \
+        f"system)" in reused.stderr
+    assert json.loads((tmp_path / "grid.json").read_text())["store"] == str(store)

@@ -1,6 +1,6 @@
-"""What a careless user's files did to capstack, written as the repros, kept fixed: outputs that
-replaced what they should not (a device node, another command's folder, another recipe's run)
-and reads that never ended (a FIFO where a file was expected).
+"""Outputs and inputs that are no regular files: an output never replaces a device node, a FIFO
+or a folder another command wrote, a symbolic link is replaced as a link, a FIFO where a file
+is read is refused (never waited on), an id beyond 64 bits or 100k-deep JSON is named.
 
 Every command runs as a child process of this source tree's ``cli.py`` with a timeout, so a
 regression to a blocking read fails instead of hanging the suite.
@@ -8,6 +8,7 @@ regression to a blocking read fails instead of hanging the suite.
 
 from __future__ import annotations
 
+import cli
 import json
 import os
 import signal
@@ -17,23 +18,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cli
 from pipeline.core.atomic import OUTPUT_MARKER
 from pipeline.core.errors import CapstackError
 from pipeline.core.jsonfile import write_json
-from process_helpers import run_capstack
-from trainer.config import load_experiment
-from trainer.train import train
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from pipeline.demo.shapes import write_shapes_dataset
+from process_helpers import capstack, run_capstack
+
 
 TIMEOUT = 90  # s: the slowest command here starts torch on a busy machine
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("files")
-    dataset, prepared = make_prepared(root)
-    return root, dataset, prepared
 
 
 def special_file(path: Path, kind: str) -> Path:
@@ -53,11 +45,9 @@ def still_special(path: Path, kind: str) -> bool:
     return stat.S_ISFIFO(mode) if kind == "fifo" else stat.S_ISCHR(mode)
 
 
-# -- 1. outputs replace only regular files ---------------------------------------------------
-
 @pytest.mark.parametrize("kind", ["fifo", "device"])
-def test_an_output_file_never_replaces_a_device_node_or_a_fifo(prepared, tmp_path, kind):
-    root, dataset, folder = prepared
+def test_an_output_file_never_replaces_a_device_node_or_a_fifo(data, tmp_path, kind):
+    dataset, folder = data.dataset, data.prepared
     node = special_file(tmp_path / "devnull", kind)
     asked = [("cider-cache", folder, "--out", node),
              ("extract-grid", dataset, dataset.parent, "--pointer", node),
@@ -118,32 +108,6 @@ def test_a_command_never_replaces_a_folder_another_command_wrote(tmp_path):
                         cwd=tmp_path, timeout=TIMEOUT).returncode == 0
 
 
-def test_a_run_folder_without_last_pt_refuses_another_recipe(prepared, tmp_path):
-    root, _, folder = prepared
-    from pipeline.captions.prepared import load_captions
-
-    grid = write_feature_store(tmp_path / "grid.lmdb", load_captions(folder).image_ids)
-    exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=folder,
-                           features=[grid], epochs=1)
-    run = tmp_path / "run"
-    train(load_experiment(exp), run, progress=False)
-    (run / "last.pt").unlink()
-    best, log = (run / "best.pt").read_bytes(), (run / "metrics.jsonl").read_text()
-    with pytest.raises(CapstackError, match=r"best.pt: train.lr: the run was trained with "
-                                            r"0.005, the config asks 0.1"):
-        train(load_experiment(exp, ["train.lr=0.1"]), run, progress=False)
-    assert (run / "best.pt").read_bytes() == best and (run / "metrics.jsonl").read_text() == log
-    (run / "best.pt").unlink()  # a training killed before its first checkpoint: its config
-    with pytest.raises(CapstackError, match=r"config.json: train.lr: the run was trained"):
-        train(load_experiment(exp, ["train.lr=0.1"]), run, progress=False)
-    assert (run / "metrics.jsonl").read_text() == log
-    train(load_experiment(exp, ["train.lr=0.1"]), run, progress=False, restart_on_change=True)
-    assert (tmp_path / "run.old" / "metrics.jsonl").read_text() == log
-    assert json.loads((run / "config.json").read_text())["train"]["lr"] == 0.1
-
-
-# -- 6. a FIFO where a file is read ----------------------------------------------------------
-
 STAGES = {"stages": {"shapes": {"cmd": "capstack shapes data --train 1 --val 1 --test 1",
                                 "outs": ["data"]}}}
 
@@ -166,8 +130,8 @@ def fifo_cases(tmp_path: Path, dataset: Path) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("case", ["stages file", "stages lock", "experiment", "dataset json",
                                   "--refs", "experiment manifest"])
-def test_a_fifo_where_a_file_is_read_is_refused_not_waited_on(prepared, tmp_path, case):
-    _, dataset, _ = prepared
+def test_a_fifo_where_a_file_is_read_is_refused_not_waited_on(data, tmp_path, case):
+    dataset = data.dataset
     args = fifo_cases(tmp_path, dataset)[case]
     where = {"stages lock": tmp_path / "stages.lock",
              "experiment manifest": tmp_path / "exps" / "x" / "experiment.yaml"}.get(
@@ -194,32 +158,15 @@ def test_runs_notes_a_fifo_state_json_and_sigterm_stops_it(tmp_path, monkeypatch
     assert "metrics.jsonl: not a regular file (a FIFO), never read" in result.stdout
 
     # SIGTERM while a record is read ends the listing; it is no note about the file
+    import trainer.run_fields
     import trainer.runs
 
     def stopped(*args, **kw):
         raise cli.Terminated("stopped by SIGTERM")
 
-    monkeypatch.setattr(trainer.runs, "read_json", stopped)
+    monkeypatch.setattr(trainer.run_fields, "read_json", stopped)
     with pytest.raises(cli.Terminated):
         trainer.runs.list_runs(tmp_path)
-
-
-def test_a_fifo_as_a_training_log_is_refused_not_waited_on(tmp_path):
-    from trainer.training.log import append_line
-
-    def waited(signum, frame):
-        raise TimeoutError("append_line waited for a reader of the FIFO")
-
-    os.mkfifo(tmp_path / "metrics.jsonl")
-    before = signal.signal(signal.SIGALRM, waited)
-    signal.alarm(10)  # an open that blocks fails the test, not hangs it
-    try:
-        with pytest.raises(CapstackError, match="not a regular file \\(a FIFO\\), never written"):
-            append_line(tmp_path / "metrics.jsonl", "{}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, before)
-
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
@@ -243,3 +190,25 @@ def test_a_lock_file_that_is_a_fifo_or_a_device_is_refused_not_waited_on(tmp_pat
         signal.alarm(0)
         signal.signal(signal.SIGALRM, before)
     assert still_special(tmp_path / "x.lock", kind)
+
+
+def test_an_id_beyond_64_bits_and_100k_deep_json_or_yaml_are_named(tmp_path):
+    write_shapes_dataset(tmp_path / "shapes", n_train=2, n_val=1, n_test=1, seed=0, size=32)
+    dataset = json.loads((tmp_path / "shapes" / "dataset_shapes.json").read_text())
+    dataset["images"][1]["imgid"] = 2 ** 70
+    (tmp_path / "big.json").write_text(json.dumps(dataset))
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.json").write_text(deep)
+    (tmp_path / "deep.yaml").write_text(deep)
+    (tmp_path / "stages.yaml").write_text(deep)
+    for args, message in [
+            (["prepare", "big.json", "out"], f"big.json: images[1].imgid: {2 ** 70} is outside "
+                                             f"0..2**63-1"),
+            (["extract-grid", "big.json", "shapes", "--backbone", "resnet18", "--weights",
+              "random"], "big.json: images[1].imgid: "),
+            (["prepare", "deep.json", "out"], "deep.json: nested deeper than the "),
+            (["train", "deep.yaml", "--out", "run"], "deep.yaml: nested deeper than the "),
+            (["stages"], "stages.yaml: nested deeper than the ")]:
+        result = capstack(*args, cwd=tmp_path)
+        assert result.returncode == 1 and message in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()

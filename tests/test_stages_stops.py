@@ -1,8 +1,7 @@
-"""Stopped and killed commands: their children end with them, their state says so, and one
-folder reached by two names is written by one training at a time.
-
-Real processes, each ended by a timeout should it hang.
-"""
+"""Stopping the stage engine and what it started: a shell's child ends with a killed or stopped
+engine, a rerun waits for a stopping command, a stopped training stage records itself stopped,
+one run folder's lock under two names, torchrun's processes, and a second SIGTERM ending a
+process blocked where no batch ends."""
 
 from __future__ import annotations
 
@@ -19,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.captions.prepared import load_captions
 from pipeline.core.entry import capstack_command
 from process_helpers import run_capstack, wait_for
-from trainer_fixtures import make_prepared, write_experiment, write_feature_store
+from trainer_fixtures import write_experiment
+
 
 # Appends its pid to the file it is given, 20 times a second for two minutes: a command that
 # outlives whatever should have ended it.
@@ -34,14 +33,6 @@ for _ in range(2400):
         f.write(f"{os.getpid()}\\n")
     time.sleep(0.05)
 """
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("stops")
-    _, prepared = make_prepared(root)
-    grid = write_feature_store(root / "grid.lmdb", load_captions(prepared).image_ids)
-    return prepared, grid
 
 
 def alive(pid: int) -> bool:
@@ -127,7 +118,7 @@ def test_a_rerun_is_refused_while_a_killed_engines_command_is_still_stopping(tmp
 
 
 def test_a_training_stage_stopped_with_its_engine_records_itself_stopped(data, tmp_path):
-    prepared, grid = data
+    _, prepared, grid, _ = data
     write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                      features=[grid], epochs=10_000)
     (tmp_path / "stages.yaml").write_text(yaml.safe_dump({"stages": {"train": {
@@ -149,7 +140,7 @@ def test_a_training_stage_stopped_with_its_engine_records_itself_stopped(data, t
 
 
 def test_two_names_of_one_run_folder_share_its_lock(data, tmp_path):
-    prepared, grid = data
+    _, prepared, grid, _ = data
     exp = write_experiment(tmp_path / "exp.yaml", decoder="show_tell", captions=prepared,
                            features=[grid], epochs=10_000)
     (tmp_path / "real").mkdir()
@@ -208,3 +199,36 @@ def test_torchrun_processes_end_with_a_stopped_nproc_command(tmp_path):
         for pid in workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+BLOCKED = """
+import os, sys
+sys.path.insert(0, {root!r})
+from pipeline.core.interrupt import stop_at_batch_boundary
+with stop_at_batch_boundary() as state:
+    print("blocking", flush=True)
+    os.open({fifo!r}, os.O_RDONLY)  # waits for a writer that never comes
+"""
+
+
+def test_a_second_sigterm_ends_a_process_blocked_where_no_batch_ends(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    process = subprocess.Popen([sys.executable, "-c", BLOCKED.format(root=str(ROOT),
+                                                                     fifo=str(tmp_path / "fifo"))],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "blocking\n"
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None  # the first request waits for a batch boundary
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    finally:
+        process.kill()
+    stderr = process.stderr.read()
+    assert process.returncode != 0
+    assert "SIGTERM: stopping after the batch in progress (send it again to stop at once)" \
+        in stderr

@@ -1,12 +1,8 @@
-"""Issue 31's second round, the rows of other toolkits' files: each test is the repro of one
-class a hostile probe found (numbers as in the issue), run as the user ran it.
-
-3. a record with no regions; 5. a FIFO, and a stop request that must end a blocked
-process; 6. a 48-byte pickle asking for gigabytes; 7. ViLBERT's dict layout; 8. one
-malformed row, whatever the malformation, is that row's bad row; 11. negative image
-sizes, class ids beyond int32, complex features. The random mutations of every
-format are in tests/test_import_fuzz.py.
-"""
+"""Importing other toolkits' files row by row: each test is the repro of one class of row a
+hostile probe found, run as the user ran it. A record with no regions, a FIFO among the source
+files, ViLBERT's layouts, an old store with an empty record; one malformed row, whatever the
+malformation, is that row's bad row.
+The random mutations of every format are in tests/test_import_fuzz.py."""
 
 from __future__ import annotations
 
@@ -14,9 +10,6 @@ import io
 import os
 import pickle
 import signal
-import subprocess
-import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -24,22 +17,17 @@ import h5py
 import lmdb
 import numpy as np
 import pytest
-from feature_sources import b64, butd_line, dataset_json, region_rows, write_butd_tsv
+from feature_sources import b64, butd_line, region_rows, write_butd_tsv
 
-from pipeline.core import safe_pickle
 from pipeline.core.errors import CapstackError
-from pipeline.core.safe_pickle import RefusedPickle
 from pipeline.features.interchange.importer import ImportJob, import_features
 from pipeline.features.stores import open_store
 
+
 N = 6
+
+
 IDS = list(range(100, 100 + N))
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def coco(tmp_path) -> Path:
-    return dataset_json(tmp_path / "dataset_coco.json", N)
 
 
 @pytest.fixture
@@ -85,8 +73,6 @@ def write_mmf(folder: Path, rows, info_changes=None, features=None):
     return folder
 
 
-# -- 3. records with no regions ---------------------------------------------------------------
-
 def test_a_row_with_no_regions_is_a_bad_row_and_a_first_such_row_does_not_set_the_schema(
         coco, rows, tmp_path):
     att = write_rtl(tmp_path, rows, feats={101: np.zeros((0, 8), np.float32)})
@@ -124,45 +110,6 @@ def test_an_old_store_with_an_empty_record_is_named_by_verify_and_by_training(
         schema.check_record(store.schema, 7, schema.Record(np.zeros((0, 8)), 1, 1), "w")
 
 
-def test_extraction_keeps_no_image_without_regions(tmp_path):
-    from pipeline.features.extract.region_extraction import RegionSettings, extract_regions
-
-    with pytest.raises(CapstackError, match=r"--min-boxes/--max-boxes: need 1 <= min <= max"):
-        extract_regions(tmp_path / "d.json", tmp_path, RegionSettings(min_boxes=0))
-
-
-def test_an_image_the_detector_finds_nothing_in_is_skipped_with_its_reason(tmp_path):
-    from pipeline.features.extract.runner import NO_REGIONS, run_extraction
-    from pipeline.features.stores import Record
-
-    class Writer:
-        done, meta, partial = set(), {"producer": {"name": "x"}}, tmp_path
-
-        def write(self, records, skipped):
-            self.records, self.skipped = records, skipped
-
-    class Images(list):
-        pass
-
-    import pipeline.features.extract.runner as runner
-
-    batches = [{"image_ids": [1, 2], "skipped": []}]
-    writer = Writer()
-    original = runner.DataLoader
-    runner.DataLoader = lambda *a, **k: batches
-    try:
-        model = lambda batch: [Record(np.ones((2, 4), np.float32), 1, 1),  # noqa: E731
-                               Record(np.ones((0, 4), np.float32), 1, 1)]
-        report = run_extraction([(1, tmp_path / "a.jpg"), (2, tmp_path / "b.jpg")], writer,
-                                model, None, batch_size=2, workers=0, progress=False)
-    finally:
-        runner.DataLoader = original
-    assert [i for i, _ in writer.records] == [1] and report.extracted == 1
-    assert writer.skipped == [(2, f"{tmp_path / 'b.jpg'}: {NO_REGIONS}")]
-
-
-# -- 5. FIFOs, and a stop request a blocked process obeys ----------------------------------------
-
 @pytest.fixture
 def watchdog():
     """Fails a test that blocks (a FIFO opened for reading waits for a writer forever)."""
@@ -196,103 +143,6 @@ def test_a_fifo_among_the_source_files_is_a_bad_row_never_opened(coco, rows, tmp
     with pytest.raises(CapstackError, match=r"data.mdb: not a regular file: expected an LMDB"):
         run("mmf-lmdb", [tmp_path / "fifo.lmdb"], coco, tmp_path)
 
-
-BLOCKED = """
-import os, sys
-sys.path.insert(0, {root!r})
-from pipeline.core.interrupt import stop_at_batch_boundary
-with stop_at_batch_boundary() as state:
-    print("blocking", flush=True)
-    os.open({fifo!r}, os.O_RDONLY)  # waits for a writer that never comes
-"""
-
-
-def test_a_second_sigterm_ends_a_process_blocked_where_no_batch_ends(tmp_path):
-    os.mkfifo(tmp_path / "fifo")
-    process = subprocess.Popen([sys.executable, "-c", BLOCKED.format(root=str(ROOT),
-                                                                     fifo=str(tmp_path / "fifo"))],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline() == "blocking\n"
-    process.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    assert process.poll() is None  # the first request waits for a batch boundary
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    finally:
-        process.kill()
-    stderr = process.stderr.read()
-    assert process.returncode != 0
-    assert "SIGTERM: stopping after the batch in progress (send it again to stop at once)" \
-        in stderr
-
-
-# -- 6. a pickle that asks for more than it holds -------------------------------------------------
-
-@pytest.mark.parametrize("kind, size", [(frozenset, 3 * 10 ** 7), (set, 10 ** 8),
-                                        (bytearray, 10 ** 10)])
-def test_a_tiny_pickle_building_millions_of_elements_is_refused_before_building(kind, size):
-    data = _tiny(kind, size)
-    assert len(data) < 80
-    tracemalloc.start()
-    try:
-        with pytest.raises(RefusedPickle, match=r"builds more than 4,194,304 elements"):
-            safe_pickle.loads(data, "x_info.npy")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 8 << 20
-
-
-def _tiny(kind, size: int) -> bytes:
-    """How a hostile file spells a huge value in a few bytes: the callable and a range."""
-    class Spelled:
-        def __reduce__(self):
-            return kind, (range(size),)
-    return pickle.dumps(Spelled(), protocol=4)
-
-
-def test_ndarray_called_directly_is_refused():
-    class Array:
-        def __reduce__(self):
-            return np.ndarray, ((10 ** 6, 10 ** 6),)
-    with pytest.raises(RefusedPickle, match="calls numpy.ndarray directly"):
-        safe_pickle.loads(pickle.dumps(Array()), "x")
-
-
-def test_an_object_array_with_fewer_values_than_its_shape_is_refused_not_a_crash():
-    """numpy 2.4 crashes (SIGSEGV) on such a state: the unpickler checks it first."""
-    data = pickle.dumps(np.array([1, 2, 3], dtype=object), protocol=2)
-    short = data.replace(b"K\x03\x85", b"K\x09\x85")  # the shape (3,) -> (9,), values kept
-    assert short != data
-    with pytest.raises(RefusedPickle, match=r"object array of shape \[9\] pickled with 3 values"):
-        safe_pickle.loads(short, "x")
-    np.testing.assert_array_equal(safe_pickle.loads(data, "x"), [1, 2, 3])
-
-
-def test_a_dtype_with_fields_beyond_its_size_is_refused():
-    data = pickle.dumps(np.zeros(2, np.dtype([("a", "f4"), ("b", "f4")])), protocol=2)
-    with pytest.raises(RefusedPickle, match="dtype with fields or a subarray"):
-        safe_pickle.loads(data, "x")
-
-
-def test_an_npy_header_length_flipped_to_gigabytes_is_named_without_reading_them(tmp_path):
-    data = bytearray(io.BytesIO(_npy(np.zeros(3, np.float32))).getvalue())
-    data[8:10] = (0xFFFF).to_bytes(2, "little")
-    with pytest.raises(CapstackError, match=r"its header declares 65,535 bytes; numpy writes"):
-        safe_pickle.load_npy(io.BytesIO(bytes(data)), "x.npy")
-    huge = _npy(np.zeros(3, np.float32)).replace(b"(3,)", b"(10000000000,)")
-    with pytest.raises(CapstackError, match=r"declares an array of shape \[10000000000\]"):
-        safe_pickle.load_npy(io.BytesIO(huge), "x.npy")
-
-
-def _npy(array) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-# -- 7. ViLBERT's layout, as its extractor writes it -----------------------------------------------
 
 def test_mmf_npy_reads_vilberts_dict_per_image(coco, rows, tmp_path):
     folder = tmp_path / "vilbert"
@@ -342,8 +192,6 @@ def test_rtl_npz_reads_att_folders_of_npy_files(coco, rows, tmp_path):
     for row in rows:
         np.testing.assert_array_equal(store.get(row["image_id"]).features, row["features"])
 
-
-# -- 8. one malformed row is that row's bad row ------------------------------------------------
 
 @pytest.mark.parametrize("change, reason", [
     ({"image_height": "abc"}, "image_height 'abc' is not a whole number"),
