@@ -84,7 +84,7 @@ def sibling(name: str):
 
 
 needs = sibling("real_data_needs")  # its estimates, COCO's split sizes
-scale = sibling("scale")  # its COCO-calibrated captions
+scale = importlib.import_module("scale_parts.workload")  # scale.py's COCO-calibrated captions
 vg_checkpoints = sibling("vg_checkpoints")  # its random VG detector in MILVLG's naming
 COCO = needs.DATASETS["dataset_coco.json"]
 
